@@ -1,0 +1,52 @@
+"""Kaiwa's own exceptions, so callers never catch a client library's types.
+
+Third-party exceptions are mapped to these at exactly one boundary each (the model client maps
+ollama and httpx errors in `core.model`), with `raise ... from exc`. Every message is written for
+the person reading the conversation: what went wrong, then how to fix it.
+
+    KaiwaError
+    ├── ConfigError            a setting is wrong; names the key and the expected type
+    ├── ModelError             a model request did not produce a reply
+    │   ├── ModelUnreachable   Ollama is not listening at the configured URL
+    │   ├── ModelNotFound      the model is not pulled
+    │   ├── ModelHTTPError     Ollama answered with a 4xx/5xx status
+    │   ├── ModelStreamError   an error line, a cut stream, or a stream that ended early
+    │   └── ModelTimeout       no first chunk, or silence between chunks, past the limit
+    └── DegenerateTurn         the model ended a turn with nothing to say
+"""
+
+
+class KaiwaError(Exception):
+    """Base of every error Kaiwa raises on purpose."""
+
+
+class ConfigError(KaiwaError):
+    """A configuration value is missing, unknown or of the wrong type."""
+
+
+class ModelError(KaiwaError):
+    """A model request failed; the message says why and what to do."""
+
+
+class ModelUnreachable(ModelError):
+    pass
+
+
+class ModelNotFound(ModelError):
+    pass
+
+
+class ModelHTTPError(ModelError):
+    pass
+
+
+class ModelStreamError(ModelError):
+    pass
+
+
+class ModelTimeout(ModelError):
+    pass
+
+
+class DegenerateTurn(KaiwaError):
+    """The model produced no text and no tool call even after a nudge or a forced wrap-up."""

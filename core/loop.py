@@ -1,0 +1,286 @@
+"""The agent loop: model calls and tool runs until the model answers.
+
+It imports nothing from the turn path, the store or any channel. It takes a chat model, the tools
+an agent may use, the conversation so far (Ollama's wire shape, appended to in place) and a sink,
+and returns the final answer or raises. Everything the outside world must know (text as it streams,
+each finished message, each tool result, each call's usage) goes to the sink *synchronously*, as it
+happens, so a stop between two events can never leave one of them unrecorded.
+
+Contracts (DESIGN.md, "The agent loop"; each guarded in tests/core/test_loop.py):
+- usage reaches the sink right after each model call returns, before any tool runs;
+- every tool call gets exactly one result, in the order the model asked, on every path;
+- read-only tools run concurrently with their read-only neighbours;
+- at most `max_iterations` model calls; an empty reply gets one nudge (counted); a cap reached
+  with tool calls pending gets one more call without tools (not counted); nothing at all raises
+  `DegenerateTurn`;
+- a sink that raises is logged and ignored: observers never change the outcome.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from core.errors import DegenerateTurn
+from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, Usage
+from core.model import ChunkCallback, ModelChunk, ModelReply
+from core.tools import Tool, argument_problems
+
+logger = logging.getLogger(__name__)
+
+NUDGE = (
+    "[Kaiwa] Your last reply was empty. Continue: answer the user, or call a tool if you need one."
+)
+WRAP_UP = (
+    "[Kaiwa] You have used every model call this turn allows, so tools are no longer available. "
+    "Answer the user now from what you already have, and say plainly what is left undone."
+)
+
+
+class ChatModel(Protocol):
+    async def chat(
+        self,
+        model: str,
+        messages: Sequence[dict[str, Any]],
+        on_chunk: ChunkCallback,
+        *,
+        tools: Sequence[dict[str, Any]] = (),
+        think: bool | None = None,
+    ) -> ModelReply: ...
+
+
+class LoopSink(Protocol):
+    """Where the loop reports what happens. Synchronous on purpose (see the module docstring)."""
+
+    def thinking(self, delta: str) -> None: ...
+    def text(self, delta: str) -> None: ...
+    def model_call_finished(self, usage: Usage) -> None: ...
+    def assistant_message(self, message: AssistantMessage) -> None: ...
+    def tool_started(self, call: ToolCall) -> None: ...
+    def tool_finished(self, result: ToolResult) -> None: ...
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    agent: str
+    model: str
+    think: bool | None = None
+    max_iterations: int = 10
+    tool_timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    answer: AssistantMessage
+    model_calls: int
+    wrapped_up: bool
+
+
+class AgentLoop:
+    def __init__(
+        self,
+        model: ChatModel,
+        tools: Mapping[str, Tool],
+        sink: LoopSink,
+        settings: LoopSettings,
+    ) -> None:
+        self._model = model
+        self._tools = tools
+        self._sink = sink
+        self._settings = settings
+        self._call_count = 0
+
+    async def run(self, messages: list[dict[str, Any]]) -> LoopResult:
+        """Run until the model answers; `messages` gains every message the turn produces."""
+        nudge: list[dict[str, Any]] = []
+        tools_pending = False
+        for model_calls in range(1, self._settings.max_iterations + 1):
+            message = await self._call_model(messages, nudge, with_tools=True)
+            tools_pending = bool(message.tool_calls)
+            if tools_pending:
+                await self._run_tools(message.tool_calls, messages)
+                continue
+            if message.text.strip():
+                return LoopResult(message, model_calls, wrapped_up=False)
+            if nudge:
+                raise DegenerateTurn(
+                    f"{self._settings.model} replied with nothing twice in a row, even after a "
+                    "nudge; try again or rephrase your message"
+                )
+            nudge = [{"role": "user", "content": NUDGE}]
+        if not tools_pending:
+            raise DegenerateTurn(
+                f"{self._settings.model} ended its last allowed model call with an empty reply; "
+                "try again or rephrase your message"
+            )
+        return await self._wrap_up(messages)
+
+    async def _wrap_up(self, messages: list[dict[str, Any]]) -> LoopResult:
+        wrap_up = [{"role": "user", "content": WRAP_UP}]
+        message = await self._call_model(messages, wrap_up, with_tools=False)
+        if not message.text.strip():
+            raise DegenerateTurn(
+                f"{self._settings.model} used all {self._settings.max_iterations} model calls of "
+                "this turn and then gave no answer; ask for less at once, or raise "
+                f"[agents.{self._settings.agent}].max_iterations"
+            )
+        return LoopResult(message, self._settings.max_iterations, wrapped_up=True)
+
+    async def _call_model(
+        self,
+        messages: list[dict[str, Any]],
+        extra: list[dict[str, Any]],
+        *,
+        with_tools: bool,
+    ) -> AssistantMessage:
+        streamed = ModelReply()
+        started = time.monotonic()
+        schemas = [tool.schema() for tool in self._tools.values()] if with_tools else []
+        try:
+            reply = await self._model.chat(
+                self._settings.model,
+                messages + extra if extra else messages,
+                self._relay(streamed),
+                tools=schemas,
+                think=self._settings.think,
+            )
+        except BaseException as exc:
+            self._emit(self._sink.model_call_finished, Usage(seconds=time.monotonic() - started))
+            self._keep_partial(streamed, messages, stopped=isinstance(exc, asyncio.CancelledError))
+            raise
+        self._emit(self._sink.model_call_finished, reply.usage)
+        message = self._message_from(reply)
+        if message.text or message.tool_calls:
+            self._record(message, messages)
+        return message
+
+    def _relay(self, streamed: ModelReply) -> ChunkCallback:
+        def on_chunk(chunk: ModelChunk) -> None:
+            streamed.text += chunk.text
+            streamed.thinking += chunk.thinking
+            streamed.tool_calls.extend(chunk.tool_calls)
+            if chunk.thinking:
+                self._emit(self._sink.thinking, chunk.thinking)
+            if chunk.text:
+                self._emit(self._sink.text, chunk.text)
+
+        return on_chunk
+
+    def _message_from(
+        self, reply: ModelReply, *, partial: bool = False, stopped: bool = False
+    ) -> AssistantMessage:
+        calls = []
+        for name, arguments in reply.tool_calls:
+            self._call_count += 1
+            calls.append(ToolCall(f"c{self._call_count}", name, arguments))
+        return AssistantMessage(reply.text, reply.thinking, tuple(calls), partial, stopped)
+
+    def _keep_partial(
+        self, streamed: ModelReply, messages: list[dict[str, Any]], *, stopped: bool
+    ) -> None:
+        """A model call ended early: keep what it said and close the calls it asked for."""
+        if not (streamed.text or streamed.tool_calls):
+            return
+        message = self._message_from(streamed, partial=True, stopped=stopped)
+        self._record(message, messages)
+        ending = "stopped" if stopped else "ended by an error"
+        for call in message.tool_calls:
+            self._finish(_unfinished_result(call, started=False, ending=ending), messages)
+
+    async def _run_tools(self, calls: Sequence[ToolCall], messages: list[dict[str, Any]]) -> None:
+        results: dict[str, ToolResult] = {}
+        started: set[str] = set()
+        try:
+            for batch in self._batches(calls):
+                async with asyncio.TaskGroup() as group:
+                    for call in batch:
+                        group.create_task(self._run_one(call, results, started))
+        finally:
+            for call in calls:
+                unfinished = _unfinished_result(call, call.call_id in started, ending="stopped")
+                self._finish(results.get(call.call_id) or unfinished, messages)
+
+    def _batches(self, calls: Sequence[ToolCall]) -> list[list[ToolCall]]:
+        """Consecutive read-only calls share a batch and overlap; any other call runs alone."""
+        batches: list[list[ToolCall]] = []
+        for call in calls:
+            if batches and self._overlaps(call) and self._overlaps(batches[-1][-1]):
+                batches[-1].append(call)
+            else:
+                batches.append([call])
+        return batches
+
+    def _overlaps(self, call: ToolCall) -> bool:
+        tool = self._tools.get(call.name)
+        return tool is not None and tool.read_only
+
+    async def _run_one(
+        self, call: ToolCall, results: dict[str, ToolResult], started: set[str]
+    ) -> None:
+        started.add(call.call_id)
+        self._emit(self._sink.tool_started, call)
+        results[call.call_id] = await self._result_of(call)
+
+    async def _result_of(self, call: ToolCall) -> ToolResult:
+        tool = self._tools.get(call.name)
+        if tool is None:
+            valid = ", ".join(self._tools) or "none"
+            return ToolResult(
+                call,
+                f"There is no tool named '{call.name}'. Available tools: {valid}.",
+                ToolStatus.UNKNOWN_TOOL,
+            )
+        problems = argument_problems(tool, call.arguments)
+        if problems:
+            return ToolResult(
+                call,
+                f"Invalid arguments for '{call.name}': {'; '.join(problems)}. "
+                "Call it again with corrected arguments.",
+                ToolStatus.INVALID_ARGUMENTS,
+            )
+        limit = tool.timeout or self._settings.tool_timeout
+        try:
+            async with asyncio.timeout(limit):
+                return ToolResult(call, await tool.invoke(call.arguments))
+        except TimeoutError:
+            return ToolResult(
+                call,
+                f"'{call.name}' did not finish within {limit:g} s and was cancelled.",
+                ToolStatus.TIMEOUT,
+            )
+        except Exception as exc:
+            logger.warning("tool %s failed: %s: %s", call.name, type(exc).__name__, exc)
+            return ToolResult(
+                call, f"'{call.name}' failed: {type(exc).__name__}: {exc}", ToolStatus.ERROR
+            )
+
+    def _record(self, message: AssistantMessage, messages: list[dict[str, Any]]) -> None:
+        messages.append(message.to_wire())
+        self._emit(self._sink.assistant_message, message)
+
+    def _finish(self, result: ToolResult, messages: list[dict[str, Any]]) -> None:
+        messages.append(result.to_wire())
+        self._emit(self._sink.tool_finished, result)
+
+    def _emit(self, callback: Callable[..., None], *args: Any) -> None:
+        try:
+            callback(*args)
+        except Exception:
+            logger.exception("an observer of the agent loop failed; the turn goes on")
+
+
+def _unfinished_result(call: ToolCall, started: bool, *, ending: str) -> ToolResult:
+    """The result of a call the turn ended before it finished: tell the model exactly that."""
+    if started:
+        text = (
+            f"The turn was {ending} while '{call.name}' was running; it was cancelled and its "
+            "result is unknown. Do not assume it succeeded; run it again only if asked."
+        )
+    else:
+        text = (
+            f"The turn was {ending} before '{call.name}' ran; it did not run. Do not assume a "
+            "result; run it only if asked again."
+        )
+    return ToolResult(call, text, ToolStatus.STOPPED)

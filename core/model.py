@@ -1,0 +1,226 @@
+"""The one door to Ollama: streaming chat with timeouts, a shared concurrency cap, clear errors.
+
+Why it is shaped this way:
+- One `ollama.AsyncClient` (one HTTP connection pool) serves every conversation; a client per
+  conversation costs memory and sockets for nothing.
+- A semaphore caps simultaneous requests. Ollama serves `OLLAMA_NUM_PARALLEL` at once and queues
+  the rest where our timeouts cannot tell waiting from hanging, so the queue lives here instead, and
+  the first-chunk timeout starts only once a request is actually sent.
+- Chunks go to a synchronous callback instead of out of an async generator: the timeouts and the
+  semaphore then live in one coroutine, and a stop (task cancellation) can only land at an `await`
+  inside this module, never between a chunk and the caller's bookkeeping of it.
+- The client library's default timeout is none at all; every wait here has one.
+- ollama, httpx and json exceptions are mapped to `core.errors` here and nowhere else.
+"""
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import aclosing, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import ollama
+import pydantic
+
+from core.errors import (
+    ModelError,
+    ModelHTTPError,
+    ModelNotFound,
+    ModelStreamError,
+    ModelTimeout,
+    ModelUnreachable,
+)
+from core.messages import Usage
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    url: str = "http://127.0.0.1:11434"
+    connect_timeout: float = 5.0
+    first_chunk_timeout: float = 120.0
+    idle_timeout: float = 60.0
+    max_concurrent_requests: int = 1
+    keep_alive: str = "5m"
+
+
+@dataclass(frozen=True)
+class ModelChunk:
+    """One streamed piece of a reply."""
+
+    text: str = ""
+    thinking: str = ""
+    tool_calls: tuple[tuple[str, dict[str, Any]], ...] = ()
+
+
+@dataclass
+class ModelReply:
+    """A finished model call: everything it streamed, and what it cost."""
+
+    text: str = ""
+    thinking: str = ""
+    tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    done_reason: str = ""
+
+
+ChunkCallback = Callable[[ModelChunk], None]
+
+
+class ModelClient:
+    """Streams chat replies from Ollama. Safe to share between every conversation."""
+
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
+        self._slots = asyncio.Semaphore(settings.max_concurrent_requests)
+        connections = settings.max_concurrent_requests
+        self._client = ollama.AsyncClient(
+            host=settings.url,
+            timeout=httpx.Timeout(
+                connect=settings.connect_timeout, read=None, write=None, pool=None
+            ),
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def chat(
+        self,
+        model: str,
+        messages: Sequence[dict[str, Any]],
+        on_chunk: ChunkCallback,
+        *,
+        tools: Sequence[dict[str, Any]] = (),
+        think: bool | None = None,
+    ) -> ModelReply:
+        """Stream one reply, calling `on_chunk` for each piece; raise a `ModelError` on failure."""
+        async with self._slots:
+            with self._errors_mapped(model):
+                return await self._stream(model, messages, on_chunk, tools, think)
+
+    async def _stream(
+        self,
+        model: str,
+        messages: Sequence[dict[str, Any]],
+        on_chunk: ChunkCallback,
+        tools: Sequence[dict[str, Any]],
+        think: bool | None,
+    ) -> ModelReply:
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        reply = ModelReply()
+        waiting_for = "first"
+        stream = await self._client.chat(
+            model=model,
+            messages=messages,
+            tools=list(tools) or None,
+            think=think,
+            stream=True,
+            keep_alive=self.settings.keep_alive,
+        )
+        try:
+            async with (
+                asyncio.timeout(self.settings.first_chunk_timeout) as deadline,
+                aclosing(stream),
+            ):
+                async for part in stream:
+                    waiting_for = "next"
+                    deadline.reschedule(loop.time() + self.settings.idle_timeout)
+                    _absorb(part, reply, on_chunk)
+                    if part.done:
+                        reply.usage = Usage(
+                            prompt_tokens=part.prompt_eval_count or 0,
+                            output_tokens=part.eval_count or 0,
+                            seconds=time.monotonic() - started,
+                        )
+                        reply.done_reason = part.done_reason or ""
+                        return reply
+        except TimeoutError as exc:
+            raise self._timeout_error(model, waiting_for) from exc
+        raise ModelStreamError(
+            f"the reply from {model} ended before the model finished; try again, and check the "
+            "Ollama server log if it keeps happening"
+        )
+
+    def _timeout_error(self, model: str, waiting_for: str) -> ModelTimeout:
+        if waiting_for == "first":
+            return ModelTimeout(
+                f"{model} sent nothing for {self.settings.first_chunk_timeout:g} s; the model may "
+                "still be loading: try again, or raise [ollama].first_chunk_timeout"
+            )
+        return ModelTimeout(
+            f"{model} went silent for {self.settings.idle_timeout:g} s mid-reply; try again, or "
+            "raise [ollama].idle_timeout"
+        )
+
+    @contextmanager
+    def _errors_mapped(self, model: str) -> Iterator[None]:
+        """The one boundary where library exceptions become ours; unforeseen ones pass through."""
+        try:
+            yield
+        except ModelError:
+            raise
+        except Exception as exc:
+            mapped = self._translate(exc, model)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    def _translate(self, exc: Exception, model: str) -> ModelError | None:
+        url = self.settings.url
+        if isinstance(exc, ollama.ResponseError):
+            if exc.status_code == 404:
+                return ModelNotFound(f"model {model} not found: run `ollama pull {model}`")
+            if exc.status_code == -1:
+                return ModelStreamError(f"Ollama reported an error mid-reply: {exc.error}")
+            return ModelHTTPError(
+                f"Ollama answered HTTP {exc.status_code}: {exc.error}; check the Ollama server log"
+            )
+        if isinstance(exc, ConnectionError | httpx.ConnectError | httpx.ConnectTimeout):
+            return ModelUnreachable(
+                f"cannot reach Ollama at {url}: start it with `ollama serve`, or set [ollama].url"
+            )
+        if isinstance(exc, httpx.HTTPError | json.JSONDecodeError | pydantic.ValidationError):
+            return ModelStreamError(
+                f"the reply stream from {model} broke off ({type(exc).__name__}); try again, and "
+                "check the Ollama server log if it keeps happening"
+            )
+        return None
+
+    async def list_models(self) -> list[str]:
+        """Names of the models Ollama has pulled (`GET /api/tags`)."""
+        limit = self.settings.connect_timeout * 2
+        try:
+            with self._errors_mapped(""):
+                async with asyncio.timeout(limit):
+                    listing = await self._client.list()
+        except TimeoutError as exc:
+            raise ModelUnreachable(
+                f"Ollama at {self.settings.url} did not answer within {limit:g} s; check that it "
+                "is running and that [ollama].url points at it"
+            ) from exc
+        return [entry.model for entry in listing.models if entry.model]
+
+
+def _absorb(part: ollama.ChatResponse, reply: ModelReply, on_chunk: ChunkCallback) -> None:
+    message = part.message
+    calls = tuple(
+        (call.function.name, dict(call.function.arguments)) for call in message.tool_calls or ()
+    )
+    chunk = ModelChunk(
+        text=message.content or "", thinking=message.thinking or "", tool_calls=calls
+    )
+    reply.text += chunk.text
+    reply.thinking += chunk.thinking
+    reply.tool_calls.extend(calls)
+    if chunk.text or chunk.thinking or calls:
+        on_chunk(chunk)
+
+
+def model_is_available(name: str, available: Sequence[str]) -> bool:
+    """Ollama treats a name without a tag as `:latest`."""
+    wanted = name if ":" in name else f"{name}:latest"
+    return any(wanted == (have if ":" in have else f"{have}:latest") for have in available)

@@ -1,0 +1,62 @@
+"""Fixtures shared by every test folder: no proxies, a fake Ollama, a store, a model client."""
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from core.model import ModelClient, ModelSettings
+from core.store import Store
+from tests.fakes.ollama import FakeOllama
+
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+@pytest.fixture(autouse=True)
+def no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """httpx would send even 127.0.0.1 traffic through a configured proxy."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
+@pytest.fixture
+async def ollama() -> AsyncIterator[FakeOllama]:
+    async with FakeOllama() as fake:
+        yield fake
+
+
+@pytest.fixture
+def model_settings(ollama: FakeOllama) -> ModelSettings:
+    return ModelSettings(
+        url=ollama.url,
+        connect_timeout=2.0,
+        first_chunk_timeout=5.0,
+        idle_timeout=5.0,
+        max_concurrent_requests=8,
+    )
+
+
+@pytest.fixture
+async def model(model_settings: ModelSettings) -> AsyncIterator[ModelClient]:
+    client = ModelClient(model_settings)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'kaiwa.db'}"
+
+
+@pytest.fixture
+def store(sqlite_url: str) -> Iterator[Store]:
+    opened = Store(sqlite_url)
+    yield opened
+    opened.close()
+
+
+def postgres_url() -> str | None:
+    return os.environ.get("KAIWA_TEST_POSTGRES_URL")

@@ -1,0 +1,123 @@
+"""The model client's failure modes, each through the real ollama client against the fake.
+
+Every failure must become one of our errors with a one-line message that says what to do.
+"""
+
+import asyncio
+import socket
+from typing import Any
+
+import pytest
+
+from core.errors import (
+    ModelHTTPError,
+    ModelNotFound,
+    ModelStreamError,
+    ModelTimeout,
+    ModelUnreachable,
+)
+from core.model import ModelClient, ModelSettings, model_is_available
+from tests.fakes.ollama import Cut, ErrorLine, FakeOllama, HttpError, Pause, Stall, Text
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def ignore(_: Any) -> None:
+    pass
+
+
+async def chat(client: ModelClient, model: str = "test-model") -> str:
+    async with asyncio.timeout(10):
+        reply = await client.chat(model, HELLO, ignore)
+    return reply.text
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def test_unreachable_ollama_says_how_to_start_it() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    client = ModelClient(ModelSettings(url=url, connect_timeout=2))
+    try:
+        with pytest.raises(ModelUnreachable, match=r"cannot reach Ollama at .*ollama serve"):
+            await chat(client)
+        with pytest.raises(ModelUnreachable):
+            await client.list_models()
+    finally:
+        await client.close()
+
+
+async def test_missing_model_says_which_pull(model: ModelClient) -> None:
+    with pytest.raises(
+        ModelNotFound, match=r"model qwen3:4b not found: run `ollama pull qwen3:4b`"
+    ):
+        await chat(model, "qwen3:4b")
+
+
+async def test_server_error_names_the_status(ollama: FakeOllama, model: ModelClient) -> None:
+    ollama.script(HttpError(500, "out of memory"))
+    with pytest.raises(ModelHTTPError, match="HTTP 500: out of memory"):
+        await chat(model)
+
+
+async def test_error_line_mid_stream(ollama: FakeOllama, model: ModelClient) -> None:
+    ollama.script(Text("Start"), ErrorLine("runner crashed"))
+    with pytest.raises(ModelStreamError, match="error mid-reply: runner crashed"):
+        await chat(model)
+
+
+async def test_cut_stream(ollama: FakeOllama, model: ModelClient) -> None:
+    ollama.script(Text("Start"), Cut())
+    with pytest.raises(ModelStreamError, match="broke off"):
+        await chat(model)
+
+
+async def test_stall_before_first_chunk(ollama: FakeOllama) -> None:
+    client = ModelClient(ModelSettings(url=ollama.url, first_chunk_timeout=0.2))
+    ollama.script(Stall())
+    try:
+        with pytest.raises(ModelTimeout, match=r"sent nothing for 0.2 s.*first_chunk_timeout"):
+            await chat(client)
+    finally:
+        await client.close()
+
+
+async def test_silence_mid_stream(ollama: FakeOllama) -> None:
+    client = ModelClient(ModelSettings(url=ollama.url, idle_timeout=0.2))
+    ollama.script(Text("Start"), Stall())
+    try:
+        with pytest.raises(ModelTimeout, match=r"went silent for 0.2 s.*idle_timeout"):
+            await chat(client)
+    finally:
+        await client.close()
+
+
+async def test_requests_beyond_the_cap_wait_in_kaiwa(ollama: FakeOllama) -> None:
+    client = ModelClient(ModelSettings(url=ollama.url, max_concurrent_requests=2))
+    ollama.script(Pause("first"), Text("one"))
+    ollama.script(Pause("second"), Text("two"))
+    ollama.script(Text("three"))
+    try:
+        replies = [asyncio.create_task(chat(client)) for _ in range(3)]
+        await ollama.reached("first")
+        await ollama.reached("second")
+        assert len(ollama.requests) == 2
+        ollama.release("first")
+        ollama.release("second")
+        assert sorted(await asyncio.gather(*replies)) == ["one", "three", "two"]
+    finally:
+        await client.close()
+
+
+async def test_list_models(ollama: FakeOllama, model: ModelClient) -> None:
+    ollama.models.append("qwen3:4b")
+    assert await model.list_models() == ["test-model", "qwen3:4b"]
+
+
+def test_a_name_without_a_tag_means_latest() -> None:
+    assert model_is_available("llama3.2", ["llama3.2:latest"])
+    assert model_is_available("llama3.2:latest", ["llama3.2"])
+    assert not model_is_available("llama3.2", ["llama3.2:1b"])
