@@ -1,0 +1,82 @@
+"""The SQLModel tables. Their shape changes only together with a migration in core/migrations.
+
+Times are stored as timezone-aware UTC. Tool calls are JSON so one message row can carry a whole
+batch in the order the model asked. A turn's `error` is for people and logs only: the history sent
+to the model is built from messages, never from turns, so an error text can't leak into context.
+"""
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Column, DateTime, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Conversation(SQLModel, table=True):
+    __tablename__ = "conversations"
+
+    id: int | None = Field(default=None, primary_key=True)
+    place: str = Field(index=True, max_length=300)
+    agent: str = Field(max_length=100)
+    system_prompt: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    closed_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+
+
+class Message(SQLModel, table=True):
+    __tablename__ = "messages"
+
+    id: int | None = Field(default=None, primary_key=True)
+    conversation_id: int = Field(foreign_key="conversations.id", index=True)
+    turn_id: int | None = Field(default=None, foreign_key="turns.id", index=True)
+    role: str = Field(max_length=20)
+    text: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
+    thinking: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON))
+    tool_name: str | None = Field(default=None, max_length=100)
+    tool_call_id: str | None = Field(default=None, max_length=40)
+    tool_status: str | None = Field(default=None, max_length=30)
+    author: str | None = Field(default=None, max_length=200)
+    partial: bool = False
+    stopped: bool = False
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    updated_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class Turn(SQLModel, table=True):
+    __tablename__ = "turns"
+
+    id: int | None = Field(default=None, primary_key=True)
+    conversation_id: int = Field(foreign_key="conversations.id", index=True)
+    provenance: str = Field(max_length=20)
+    status: str = Field(max_length=20)
+    stop_reason: str | None = Field(default=None, max_length=40)
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    model_seconds: float = 0.0
+    started_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    ended_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+
+
+class InboundEvent(SQLModel, table=True):
+    """One row per platform message ever received: the persisted half of deduplication."""
+
+    __tablename__ = "inbound_events"
+    __table_args__ = (UniqueConstraint("platform", "platform_message_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    platform: str = Field(max_length=20)
+    platform_message_id: str = Field(max_length=200)
+    place: str = Field(max_length=300)
+    status: str = Field(max_length=20)
+    received_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
