@@ -1,0 +1,83 @@
+"""What the core needs from a channel, and what a channel hands the core.
+
+Channels import these types; the core never imports a channel. The core never asks which platform
+it is talking to: whatever differs between platforms is either inside the adapter or a named trait
+in `ChannelTraits`, read the same way for all.
+
+A reply is pushed as whole frames (the answer so far, the current thinking, the current activity),
+not as deltas, so an adapter may drop or coalesce frames freely (rate limits) and still show the
+right text at the end.
+"""
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ChannelMessage:
+    """One inbound message, normalized by its adapter.
+
+    `place` is the conversation key (`terminal:<session>`, `telegram:<chat>`, ...); `message_id`
+    is the platform's own id for the message, the basis of deduplication.
+    """
+
+    platform: str
+    place: str
+    message_id: str
+    author_id: str
+    text: str
+    author_name: str = ""
+
+
+class Outcome(StrEnum):
+    DONE = "done"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The reply as it should look now."""
+
+    text: str
+    thinking: str = ""
+    activity: str | None = None
+
+
+@dataclass(frozen=True)
+class ChannelTraits:
+    """Named facts about a channel that the core reads; decided once, at construction."""
+
+    frame_interval: float = 1.0
+    """Shortest time between two frames the turn pushes (and between two saves of partial text)."""
+
+
+class Reply(Protocol):
+    """One reply being written. `finish` is always the last call and carries the final text."""
+
+    async def update(self, frame: Frame) -> None: ...
+    async def finish(self, text: str, outcome: Outcome, note: str | None) -> None: ...
+
+
+Deliver = Callable[[ChannelMessage], Awaitable[None]]
+
+
+class Channel(Protocol):
+    platform: str
+    traits: ChannelTraits
+
+    async def run(self, deliver: Deliver) -> None:
+        """Receive messages and hand each to `deliver` until the channel ends or is stopped."""
+        ...
+
+    async def stop(self) -> None: ...
+
+    def open_reply(self, place: str, reply_to: str | None) -> Reply:
+        """Start a reply in `place`; nothing need be visible until the first frame."""
+        ...
+
+    async def notify(self, place: str, text: str) -> None:
+        """Send a short standalone message (command answers, refusals, notices)."""
+        ...

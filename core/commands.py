@@ -1,0 +1,117 @@
+"""Chat commands: matched by the dispatcher before anything queues, never sent to the model.
+
+A command is a message whose first word is `/name` (or `!name`, which platforms that swallow
+slash commands inside threads need). Each handler answers in the same place through the channel's
+`notify`. Commands never wait behind a running turn, except `/stop` and `/new`, which wait only for
+the turn they themselves ended, so their answer comes after the stopped reply's last edit.
+"""
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from core.channel import Channel, ChannelMessage
+from core.store import Store
+from core.tables import Turn
+from core.turns import StopReport, TurnRunner
+
+COMMAND_PREFIXES = ("/", "!")
+STOP_WAIT_SECONDS = 10.0
+USAGE_TURNS_SHOWN = 20
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    argument: str
+
+
+def parse_command(text: str) -> Command | None:
+    """`/usage` → Command("usage", ""); plain text → None."""
+    stripped = text.strip()
+    if len(stripped) < 2 or stripped[0] not in COMMAND_PREFIXES or not stripped[1].isalpha():
+        return None
+    word, _, rest = stripped[1:].partition(" ")
+    return Command(word.split("@", 1)[0].lower(), rest.strip())
+
+
+Handler = Callable[[ChannelMessage, Channel, Command], Awaitable[None]]
+
+
+class Commands:
+    def __init__(self, store: Store, runner: TurnRunner) -> None:
+        self._store = store
+        self._runner = runner
+        self._handlers: dict[str, tuple[Handler, str]] = {
+            "stop": (self._stop, "stop the reply being written and drop queued messages"),
+            "new": (self._new, "start a fresh conversation here"),
+            "usage": (self._usage, "model calls, tokens and seconds of this conversation"),
+            "help": (self._help, "list the commands"),
+        }
+
+    async def run(self, message: ChannelMessage, channel: Channel, command: Command) -> None:
+        handler = self._handlers.get(command.name, (self._unknown, ""))[0]
+        await handler(message, channel, command)
+
+    async def _stop(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
+        report = self._runner.stop(message.place)
+        await self._wait_for_stop(message.place)
+        await channel.notify(message.place, describe_stop(report))
+
+    async def _new(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
+        async with asyncio.timeout(STOP_WAIT_SECONDS):
+            report = await self._runner.start_new_conversation(message.place)
+        suffix = f" ({describe_stop(report)})" if report.stopped_running or report.dropped else ""
+        await channel.notify(message.place, f"Started a new conversation.{suffix}")
+
+    async def _usage(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
+        conversation = self._store.active_conversation(message.place)
+        turns = self._store.turns(conversation.id) if conversation and conversation.id else []
+        await channel.notify(message.place, describe_usage(turns))
+
+    async def _help(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
+        lines = [f"/{name}: {summary}" for name, (_, summary) in self._handlers.items()]
+        await channel.notify(message.place, "Commands:\n" + "\n".join(lines))
+
+    async def _unknown(self, message: ChannelMessage, channel: Channel, command: Command) -> None:
+        names = ", ".join(f"/{name}" for name in self._handlers)
+        await channel.notify(
+            message.place, f"Unknown command /{command.name}. Commands: {names}. Try /help."
+        )
+
+    async def _wait_for_stop(self, place: str) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STOP_WAIT_SECONDS):
+                await self._runner.wait_idle(place)
+
+
+def describe_stop(report: StopReport) -> str:
+    if not report.stopped_running and not report.dropped:
+        return "Nothing to stop."
+    parts = ["Stopped." if report.stopped_running else "Nothing was running."]
+    if report.dropped:
+        plural = "s" if report.dropped != 1 else ""
+        parts.append(f"Dropped {report.dropped} queued message{plural}.")
+    return " ".join(parts)
+
+
+def describe_usage(turns: Sequence[Turn]) -> str:
+    if not turns:
+        return "No turns in this conversation yet."
+    lines = [f"Usage of this conversation ({len(turns)} turns):"]
+    first_shown = max(0, len(turns) - USAGE_TURNS_SHOWN)
+    if first_shown:
+        lines.append(f"(turns 1-{first_shown} are only in the total)")
+    for number, turn in enumerate(turns[first_shown:], start=first_shown + 1):
+        lines.append(
+            f"#{number} {turn.status}: {turn.model_calls} model calls, {turn.prompt_tokens} "
+            f"tokens in, {turn.output_tokens} out, {turn.model_seconds:.1f} s"
+        )
+    lines.append(
+        f"Total: {sum(t.model_calls for t in turns)} model calls, "
+        f"{sum(t.prompt_tokens for t in turns)} tokens in, "
+        f"{sum(t.output_tokens for t in turns)} out, "
+        f"{sum(t.model_seconds for t in turns):.1f} s"
+    )
+    return "\n".join(lines)

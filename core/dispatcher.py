@@ -1,0 +1,105 @@
+"""The dispatcher: the one door every inbound message goes through, in a fixed order.
+
+1. Deduplicate by the platform's message id, against a persisted unique index, so a redelivery
+   after a restart is still a duplicate and never a second reply.
+2. Apply the access rules; a refused person is told so once per message, and no model is called.
+3. Match commands before anything queues: a command is never sent to the model and never waits
+   behind a running turn.
+4. Refuse oversized messages with their size and the limit.
+5. Start a turn as a background task and return at once, so the channel keeps reading.
+"""
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from core.channel import Channel, ChannelMessage
+from core.commands import Command, Commands, parse_command
+from core.store import Store
+from core.turns import TurnRequest, TurnRunner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AccessRules:
+    """Who may talk to the bot, per platform: a set of user ids, or None for anyone."""
+
+    allowed: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
+
+    def allows(self, message: ChannelMessage) -> bool:
+        if message.platform not in self.allowed:
+            return False
+        users = self.allowed[message.platform]
+        return users is None or message.author_id in users
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        store: Store,
+        runner: TurnRunner,
+        channels: Mapping[str, Channel],
+        access: AccessRules,
+        *,
+        max_message_chars: int,
+    ) -> None:
+        self._store = store
+        self._runner = runner
+        self._channels = channels
+        self._access = access
+        self._max_chars = max_message_chars
+        self._commands = Commands(store, runner)
+
+    async def handle(self, message: ChannelMessage) -> None:
+        event_id = self._store.record_inbound(message.platform, message.message_id, message.place)
+        if event_id is None:
+            logger.info("duplicate %s message %s ignored", message.platform, message.message_id)
+            return
+        channel = self._channels[message.platform]
+        if not self._access.allows(message):
+            self._store.mark_inbound(event_id, "refused")
+            logger.warning(
+                "refused a message from %s user %s in %s (not on the allow-list)",
+                message.platform,
+                message.author_id,
+                message.place,
+            )
+            await channel.notify(
+                message.place,
+                f"Sorry, you are not allowed to use this bot. Ask its operator to add your user "
+                f"id {message.author_id} to [channels.{message.platform}].allowed_users.",
+            )
+            return
+        command = parse_command(message.text)
+        if command is not None:
+            self._store.mark_inbound(event_id, "command")
+            await self._run_command(message, channel, command)
+            return
+        if len(message.text) > self._max_chars:
+            self._store.mark_inbound(event_id, "refused")
+            await channel.notify(
+                message.place,
+                f"Your message is {len(message.text):,} characters; the limit is "
+                f"{self._max_chars:,} ([limits].max_message_chars). Shorten or split it.",
+            )
+            return
+        self._runner.submit(
+            TurnRequest(
+                platform=message.platform,
+                place=message.place,
+                text=message.text,
+                author=message.author_name or message.author_id,
+                reply_to=message.message_id,
+                inbound_event_id=event_id,
+            )
+        )
+
+    async def _run_command(
+        self, message: ChannelMessage, channel: Channel, command: Command
+    ) -> None:
+        try:
+            await self._commands.run(message, channel, command)
+        except Exception:
+            logger.exception("command /%s in %s failed", command.name, message.place)
+            await channel.notify(message.place, f"/{command.name} failed; see the log for why.")

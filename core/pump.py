@@ -1,0 +1,58 @@
+"""The frame pump: shows a turn's progress at most once per interval, saving before it shows.
+
+Streaming chunks arrive far faster than any platform accepts edits, so the turn does not push each
+one. The pump wakes when something changed, saves the partial text (so the store is never behind
+the screen), pushes one frame, then rests for the channel's frame interval; whatever changes in
+the meantime is coalesced into the next frame. A failing save or edit is logged, never raised: the
+turn's outcome does not depend on its display.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from core.channel import Frame, Reply
+
+logger = logging.getLogger(__name__)
+
+
+class FramePump:
+    def __init__(
+        self,
+        reply: Reply,
+        frame: Callable[[], Frame],
+        save: Callable[[], None],
+        interval: float,
+        *,
+        name: str,
+    ) -> None:
+        self._reply = reply
+        self._frame = frame
+        self._save = save
+        self._interval = interval
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name=name)
+
+    def poke(self) -> None:
+        """Something changed: show it at the next opportunity."""
+        self._wake.set()
+
+    async def close(self) -> None:
+        """Stop pumping; whatever was last saved stays saved. Safe to call twice."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                self._save()
+            except Exception:
+                logger.exception("saving the partial reply failed; the reply goes on")
+            try:
+                await self._reply.update(self._frame())
+            except Exception:
+                logger.exception("showing the partial reply failed; the reply goes on")
+            if self._interval > 0:
+                await asyncio.sleep(self._interval)

@@ -1,0 +1,121 @@
+"""A whole turn path on a recording channel: store, real model client, fake Ollama."""
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from itertools import count
+
+import pytest
+
+from core.channel import ChannelMessage
+from core.dispatcher import AccessRules, Dispatcher
+from core.model import ModelClient
+from core.store import Store
+from core.tables import Message, Turn
+from core.tools import Tool, builtin_tools, tool
+from core.turns import AgentProfile, TurnRunner, TurnSettings
+from tests.fakes.channel import RecordingChannel
+from tests.fakes.ollama import FakeOllama
+
+SYSTEM_PROMPT = "You are a test assistant."
+PLACE = "test:one"
+MESSAGE_IDS = count(1)  # unique across bots, as platform ids are across restarts
+
+
+@tool(read_only=True)
+def echo(word: str) -> str:
+    """Say a word back."""
+    return f"echo {word}"
+
+
+@dataclass
+class Bot:
+    store: Store
+    channel: RecordingChannel
+    runner: TurnRunner
+    dispatcher: Dispatcher
+    ollama: FakeOllama
+
+    async def send(
+        self, text: str, *, place: str = PLACE, message_id: str | None = None, author: str = "ann"
+    ) -> None:
+        await self.dispatcher.handle(
+            ChannelMessage(
+                platform=self.channel.platform,
+                place=place,
+                message_id=message_id or f"m{next(MESSAGE_IDS)}",
+                author_id=author,
+                text=text,
+            )
+        )
+
+    def history(self, place: str = PLACE) -> list[Message]:
+        conversation = self.store.active_conversation(place)
+        assert conversation is not None and conversation.id is not None
+        return self.store.history(conversation.id)
+
+    def turns(self, place: str = PLACE) -> list[Turn]:
+        conversation = self.store.active_conversation(place)
+        assert conversation is not None and conversation.id is not None
+        return self.store.turns(conversation.id)
+
+    def assistant_text(self, place: str = PLACE) -> str:
+        """The stored answer of the newest turn, joined the way it is displayed."""
+        rows = self.history(place)
+        newest = max(row.turn_id or 0 for row in rows)
+        said = [r.text for r in rows if r.turn_id == newest and r.role == "assistant" and r.text]
+        return "\n\n".join(said)
+
+
+BotFactory = Callable[..., Bot]
+
+
+@pytest.fixture
+async def make_bot(
+    store: Store, model: ModelClient, ollama: FakeOllama
+) -> AsyncIterator[BotFactory]:
+    runners: list[TurnRunner] = []
+
+    def build(
+        *,
+        tools: list[Tool] | None = None,
+        channel: RecordingChannel | None = None,
+        allowed: frozenset[str] | None = None,
+        max_message_chars: int = 1000,
+        max_cached_conversations: int = 100,
+        max_iterations: int = 10,
+        bot_store: Store | None = None,
+    ) -> Bot:
+        channel = channel or RecordingChannel()
+        chosen = tools if tools is not None else [echo, *builtin_tools("UTC")]
+        settings = TurnSettings(
+            agent=AgentProfile(
+                name="assistant",
+                model="test-model",
+                system_prompt=SYSTEM_PROMPT,
+                tools={t.name: t for t in chosen},
+                max_iterations=max_iterations,
+            ),
+            tool_timeout=5.0,
+            max_cached_conversations=max_cached_conversations,
+        )
+        used_store = bot_store or store
+        channels = {channel.platform: channel}
+        runner = TurnRunner(used_store, model, channels, settings)
+        runners.append(runner)
+        dispatcher = Dispatcher(
+            used_store,
+            runner,
+            channels,
+            AccessRules({channel.platform: allowed}),
+            max_message_chars=max_message_chars,
+        )
+        return Bot(used_store, channel, runner, dispatcher, ollama)
+
+    yield build
+    for runner in runners:
+        await runner.shutdown()
+
+
+@pytest.fixture
+def bot(make_bot: BotFactory) -> Bot:
+    return make_bot()

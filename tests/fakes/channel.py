@@ -1,0 +1,103 @@
+"""A channel that records what a turn shows, for tests of the core through its public seam.
+
+This is not a fake of a remote service (those speak wire protocols); it is the smallest real
+implementation of our own `Channel` interface. `wait_until` gives handshakes on what is visible,
+so tests never sleep to order events. `hold_finish` makes every reply's last call wait for
+`release_finish()`, to test what a cancellation during the closing notice does.
+"""
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from core.channel import ChannelTraits, Deliver, Frame, Outcome
+
+WAIT_SECONDS = 5.0
+
+
+@dataclass
+class RecordedReply:
+    place: str
+    reply_to: str | None
+    frames: list[Frame] = field(default_factory=list)
+    text: str | None = None
+    outcome: Outcome | None = None
+    note: str | None = None
+
+    @property
+    def shown(self) -> str:
+        """The text a person sees now: the final text once finished, else the last frame."""
+        if self.text is not None:
+            return self.text
+        return self.frames[-1].text if self.frames else ""
+
+
+class RecordingChannel:
+    def __init__(
+        self, platform: str = "test", *, frame_interval: float = 0.0, hold_finish: bool = False
+    ) -> None:
+        self.platform = platform
+        self.traits = ChannelTraits(frame_interval=frame_interval)
+        self.replies: list[RecordedReply] = []
+        self.notices: list[tuple[str, str]] = []
+        self.finishing = asyncio.Event()
+        self._hold_finish = hold_finish
+        self._finish_gate = asyncio.Event()
+        self._tick = asyncio.Event()
+
+    async def run(self, deliver: Deliver) -> None:
+        await asyncio.Event().wait()
+
+    async def stop(self) -> None:
+        pass
+
+    def open_reply(self, place: str, reply_to: str | None) -> "_Reply":
+        recorded = RecordedReply(place, reply_to)
+        self.replies.append(recorded)
+        return _Reply(self, recorded)
+
+    async def notify(self, place: str, text: str) -> None:
+        self.notices.append((place, text))
+        self.changed()
+
+    def release_finish(self) -> None:
+        self._finish_gate.set()
+
+    def changed(self) -> None:
+        self._tick.set()
+        self._tick = asyncio.Event()
+
+    async def wait_until(self, condition: Callable[[], object], what: str = "condition") -> None:
+        """Wait (at most WAIT_SECONDS) until `condition()` holds, re-checking on every change."""
+        try:
+            async with asyncio.timeout(WAIT_SECONDS):
+                while not condition():
+                    await self._tick.wait()
+        except TimeoutError:
+            raise AssertionError(f"timed out waiting for {what}") from None
+
+    async def finished(self, count: int = 1) -> list[RecordedReply]:
+        """Wait until `count` replies are finished; return the finished ones."""
+        done = lambda: [r for r in self.replies if r.outcome is not None]  # noqa: E731
+        await self.wait_until(lambda: len(done()) >= count, f"{count} finished replies")
+        return done()
+
+    def notices_in(self, place: str) -> list[str]:
+        return [text for where, text in self.notices if where == place]
+
+
+class _Reply:
+    def __init__(self, channel: RecordingChannel, recorded: RecordedReply) -> None:
+        self._channel = channel
+        self.recorded = recorded
+
+    async def update(self, frame: Frame) -> None:
+        self.recorded.frames.append(frame)
+        self._channel.changed()
+
+    async def finish(self, text: str, outcome: Outcome, note: str | None) -> None:
+        if self._channel._hold_finish:
+            self._channel.finishing.set()
+            await self._channel._finish_gate.wait()
+        self.recorded.text, self.recorded.outcome, self.recorded.note = text, outcome, note
+        self._channel.changed()
