@@ -176,9 +176,12 @@ class ModelClient:
                 return ModelNotFound(f"model {model} not found: run `ollama pull {model}`")
             if exc.status_code == -1:
                 return ModelStreamError(f"Ollama reported an error mid-reply: {exc.error}")
-            return ModelHTTPError(
-                f"Ollama answered HTTP {exc.status_code}: {exc.error}; check the Ollama server log"
+            fix = (
+                "set think = false for this agent"
+                if "thinking" in exc.error
+                else "check the Ollama server log"
             )
+            return ModelHTTPError(f"Ollama answered HTTP {exc.status_code}: {exc.error}; {fix}")
         if isinstance(exc, ConnectionError | httpx.ConnectError | httpx.ConnectTimeout):
             return ModelUnreachable(
                 f"cannot reach Ollama at {url}: start it with `ollama serve`, or set [ollama].url"

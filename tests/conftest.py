@@ -9,6 +9,7 @@ import pytest
 from core.model import ModelClient, ModelSettings
 from core.store import Store
 from tests.fakes.ollama import FakeOllama
+from tests.harness import bot, make_bot  # noqa: F401  (fixtures for every test folder)
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 

@@ -63,6 +63,14 @@ async def test_server_error_names_the_status(ollama: FakeOllama, model: ModelCli
         await chat(model)
 
 
+async def test_a_model_that_cannot_think_says_how_to_turn_it_off(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    ollama.script(HttpError(400, '"test-model" does not support thinking'))
+    with pytest.raises(ModelHTTPError, match="set think = false for this agent"):
+        await chat(model)
+
+
 async def test_error_line_mid_stream(ollama: FakeOllama, model: ModelClient) -> None:
     ollama.script(Text("Start"), ErrorLine("runner crashed"))
     with pytest.raises(ModelStreamError, match="error mid-reply: runner crashed"):

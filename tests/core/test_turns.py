@@ -13,9 +13,9 @@ from core.messages import ToolStatus
 from core.store import Store
 from core.tools import tool
 from core.turns import Provenance, TurnRequest
-from tests.core.conftest import PLACE, SYSTEM_PROMPT, Bot, BotFactory, echo
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import Done, ErrorLine, HttpError, Pause, Text, ToolCall
+from tests.harness import PLACE, SYSTEM_PROMPT, Bot, BotFactory, echo
 
 OTHER = "test:two"
 

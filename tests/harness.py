@@ -1,12 +1,16 @@
-"""A whole turn path on a recording channel: store, real model client, fake Ollama."""
+"""A whole turn path on a channel of the test's choice: store, real model client, fake Ollama.
+
+The fixtures `make_bot` and `bot` (registered in tests/conftest.py) build it.
+"""
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from itertools import count
+from typing import Any
 
 import pytest
 
-from core.channel import ChannelMessage
+from core.channel import Channel, ChannelMessage
 from core.dispatcher import AccessRules, Dispatcher
 from core.model import ModelClient
 from core.store import Store
@@ -30,7 +34,7 @@ def echo(word: str) -> str:
 @dataclass
 class Bot:
     store: Store
-    channel: RecordingChannel
+    channel: Any
     runner: TurnRunner
     dispatcher: Dispatcher
     ollama: FakeOllama
@@ -78,7 +82,7 @@ async def make_bot(
     def build(
         *,
         tools: list[Tool] | None = None,
-        channel: RecordingChannel | None = None,
+        channel: Channel | None = None,
         allowed: frozenset[str] | None = None,
         max_message_chars: int = 1000,
         max_cached_conversations: int = 100,
