@@ -1,0 +1,1 @@
+"""The composition root: CLI, configuration, wiring, start-up checks and shutdown."""

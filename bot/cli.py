@@ -1,0 +1,61 @@
+"""The `kaiwa` command. Imports stay light here so `kaiwa --help` is instant; the application is
+imported only once a command actually runs."""
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+from bot.config import CONFIG_ENV, Config, config_path, load_config
+from core.errors import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = load_config(config_path(args.config))
+    except ConfigError as exc:
+        print(f"kaiwa: configuration error: {exc}", file=sys.stderr)
+        return 2
+    from bot import app
+
+    try:
+        if args.command == "check":
+            return asyncio.run(app.check(config))
+        return asyncio.run(_run(config))
+    except ConfigError as exc:
+        print(f"kaiwa: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _run(config: Config) -> int:
+    from bot import app
+
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop_requested.is_set():
+            os._exit(130)  # the second Ctrl-C: leave at once
+        stop_requested.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal)
+    return await app.run(config, stop_requested, app.TerminalIO())
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kaiwa",
+        description="Kaiwa: a multi-channel agent chat bot on Ollama.",
+        epilog=f"The config file is --config, else ${CONFIG_ENV}, else ./config.toml, "
+        "else the embedded defaults.",
+    )
+    parser.add_argument("--config", metavar="PATH", help="the configuration file to use")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("run", help="start the configured channels (the default)")
+    commands.add_parser("check", help="check that Ollama is reachable and the models are pulled")
+    return parser

@@ -1,0 +1,221 @@
+"""Configuration: a TOML file checked strictly against typed dataclasses.
+
+The dataclasses below are the embedded defaults; `config.toml` at the top of the repository spells
+out the same defaults with a comment on every key (a test keeps the two equal). Every key is
+checked at start-up: an unknown key or a value of the wrong type fails naming the key and the
+expected type, before anything starts. Secrets never live in the file: a `*_env` key names the
+environment variable that holds one.
+
+Which file: `--config PATH`, else `$KAIWA_CONFIG`, else `./config.toml` if present, else the
+embedded defaults. Relative paths in the file are relative to the file's folder.
+"""
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError
+
+CONFIG_ENV = "KAIWA_CONFIG"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are Kaiwa, a helpful assistant in a chat. Answer plainly and briefly unless asked for "
+    "detail. Use a tool when it gives a better answer than guessing."
+)
+
+
+@dataclass(frozen=True)
+class AssistantConfig:
+    agent: str = "assistant"
+    timezone: str = ""
+
+
+@dataclass(frozen=True)
+class OllamaConfig:
+    url: str = "http://127.0.0.1:11434"
+    connect_timeout: float = 5.0
+    first_chunk_timeout: float = 120.0
+    idle_timeout: float = 60.0
+    max_concurrent_requests: int = 1
+    keep_alive: str = "5m"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    model: str = "qwen3:4b"
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    think: bool = False
+    tools: list[str] = field(default_factory=lambda: ["current_time"])
+    max_iterations: int = 10
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_message_chars: int = 16_000
+    tool_timeout: float = 60.0
+    max_cached_conversations: int = 1000
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    data_dir: str = "data"
+    database_url_env: str = "KAIWA_DATABASE_URL"
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str = "INFO"
+    stderr_level: str = "WARNING"
+    file: str = "kaiwa.log"
+    max_bytes: int = 5_000_000
+    backups: int = 3
+
+
+@dataclass(frozen=True)
+class TerminalConfig:
+    enabled: bool = True
+    session: str = "local"
+    show_thinking: bool = True
+    show_tools: bool = True
+
+
+@dataclass(frozen=True)
+class ChannelsConfig:
+    terminal: TerminalConfig = field(default_factory=TerminalConfig)
+
+
+@dataclass(frozen=True)
+class Config:
+    assistant: AssistantConfig = field(default_factory=AssistantConfig)
+    ollama: OllamaConfig = field(default_factory=OllamaConfig)
+    agents: dict[str, AgentConfig] = field(default_factory=lambda: {"assistant": AgentConfig()})
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    channels: ChannelsConfig = field(default_factory=ChannelsConfig)
+    base_dir: Path = field(default_factory=Path.cwd, compare=False)
+
+    @property
+    def data_dir(self) -> Path:
+        return (self.base_dir / self.storage.data_dir).resolve()
+
+    def database_url(self) -> str:
+        """The URL from the environment variable named in config, else SQLite in the data dir."""
+        return os.environ.get(self.storage.database_url_env) or (
+            f"sqlite:///{self.data_dir / 'kaiwa.db'}"
+        )
+
+    def secrets(self) -> list[str]:
+        """Values of every environment variable the config names as holding a secret."""
+        names = [self.storage.database_url_env]
+        return [os.environ[name] for name in names if os.environ.get(name)]
+
+
+def config_path(cli_path: str | None) -> Path | None:
+    if cli_path:
+        return Path(cli_path)
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV])
+    local = Path("config.toml")
+    return local if local.is_file() else None
+
+
+def load_config(path: Path | None) -> Config:
+    if path is None:
+        return _checked(Config())
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    config = _build(Config, data, "")
+    return _checked(dataclasses.replace(config, base_dir=path.resolve().parent))
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{prefix.rstrip('.')}' must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "base_dir"}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise ConfigError(f"unknown key '{prefix}{key}'; valid keys here: {', '.join(fields)}")
+        values[key] = _value(hints[key], value, f"{prefix}{key}")
+    return cls(**values)
+
+
+def _value(hint: Any, value: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, f"{key}.")
+    origin = typing.get_origin(hint)
+    if origin is dict:
+        _, item = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{key}' must be a table of tables")
+        return {name: _value(item, entry, f"{key}.{name}") for name, entry in value.items()}
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"'{key}' must be a list, got {_kind(value)}")
+        return [_value(item, entry, f"{key}[{index}]") for index, entry in enumerate(value)]
+    if origin is types.UnionType:
+        return _value(typing.get_args(hint)[0], value, key)
+    return _scalar(hint, value, key)
+
+
+def _scalar(hint: type, value: Any, key: str) -> Any:
+    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if hint in (str, bool) and type(value) is hint:
+        return value
+    expected = {float: "a number", int: "an integer", str: "a string", bool: "true or false"}
+    raise ConfigError(f"'{key}' must be {expected[hint]}, got {_kind(value)} {value!r}")
+
+
+def _kind(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
+        type(value), f"a {type(value).__name__}"
+    )
+
+
+def _checked(config: Config) -> Config:
+    """Rules that span keys or bound values; each failure names the key."""
+    if config.assistant.agent not in config.agents:
+        raise ConfigError(
+            f"'assistant.agent' names '{config.assistant.agent}', which is not defined; "
+            f"defined agents: {', '.join(config.agents) or 'none'} (add [agents.<name>])"
+        )
+    positive = {
+        "ollama.connect_timeout": config.ollama.connect_timeout,
+        "ollama.first_chunk_timeout": config.ollama.first_chunk_timeout,
+        "ollama.idle_timeout": config.ollama.idle_timeout,
+        "ollama.max_concurrent_requests": config.ollama.max_concurrent_requests,
+        "limits.max_message_chars": config.limits.max_message_chars,
+        "limits.tool_timeout": config.limits.tool_timeout,
+        "limits.max_cached_conversations": config.limits.max_cached_conversations,
+        "logging.max_bytes": config.logging.max_bytes,
+    }
+    for name, agent in config.agents.items():
+        positive[f"agents.{name}.max_iterations"] = agent.max_iterations
+        if not agent.model:
+            raise ConfigError(f"'agents.{name}.model' must name an Ollama model")
+    for key, number in positive.items():
+        if number <= 0:
+            raise ConfigError(f"'{key}' must be greater than 0, got {number}")
+    for key, level in (
+        ("logging.level", config.logging.level),
+        ("logging.stderr_level", config.logging.stderr_level),
+    ):
+        if level.upper() not in LOG_LEVELS:
+            raise ConfigError(f"'{key}' must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    return config

@@ -1,0 +1,50 @@
+"""Logging: stderr and a rotating file in the data directory, with secrets redacted.
+
+Redaction happens on the fully formatted line (message, arguments and traceback together), so a
+secret cannot slip through an exception's text or a library's log call.
+"""
+
+import logging
+import logging.handlers
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from bot.config import LoggingConfig
+
+REDACTED = "[redacted]"
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+QUIET_LIBRARIES = ("httpx", "httpcore", "alembic", "asyncio")
+
+
+class RedactingFormatter(logging.Formatter):
+    def __init__(self, secrets: Iterable[str]) -> None:
+        super().__init__(FORMAT)
+        self._secrets = sorted({secret for secret in secrets if secret}, key=len, reverse=True)
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        for secret in self._secrets:
+            line = line.replace(secret, REDACTED)
+        return line
+
+
+def setup_logging(config: LoggingConfig, data_dir: Path, secrets: Iterable[str]) -> None:
+    formatter = RedactingFormatter(secrets)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    to_file = logging.handlers.RotatingFileHandler(
+        data_dir / config.file, maxBytes=config.max_bytes, backupCount=config.backups
+    )
+    to_file.setLevel(config.level.upper())
+    to_stderr = logging.StreamHandler(sys.stderr)
+    to_stderr.setLevel(config.stderr_level.upper())
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    for handler in (to_file, to_stderr):
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(min(to_file.level, to_stderr.level))
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -1,0 +1,163 @@
+"""The terminal channel: the embedded default, so a fresh clone can chat before any token exists.
+
+It reads lines from an async source (stdin through a reader thread in production, a queue in
+tests) and writes to a text stream. Lines are delivered one at a time, but delivery only queues a
+turn, so `/stop` typed while a reply streams is read and handled at once. End of input ends the
+channel, which shuts the bot down.
+
+Frames are cumulative (the whole answer so far), so printing one means printing what is new since
+the last. Thinking and tool activity are dimmed when the output is a terminal, and each can be
+switched off in config.
+"""
+
+import asyncio
+import sys
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+from core.channel import ChannelMessage, ChannelTraits, Deliver, Frame, Outcome, Reply
+
+DIM, RESET = "\x1b[2m", "\x1b[0m"
+REPLY_LABEL = "kaiwa> "
+
+
+@dataclass(frozen=True)
+class TerminalSettings:
+    session: str = "local"
+    show_thinking: bool = True
+    show_tools: bool = True
+    frame_interval: float = 0.05
+
+
+class TerminalChannel:
+    platform = "terminal"
+
+    def __init__(
+        self,
+        lines: AsyncIterator[str],
+        output: TextIO,
+        settings: TerminalSettings,
+        *,
+        color: bool | None = None,
+    ) -> None:
+        self._lines = lines
+        self._output = output
+        self._settings = settings
+        self._color = output.isatty() if color is None else color
+        self.traits = ChannelTraits(frame_interval=settings.frame_interval)
+        self.place = f"terminal:{settings.session}"
+        self._run_id = uuid.uuid4().hex[:12]
+
+    async def run(self, deliver: Deliver) -> None:
+        count = 0
+        async for line in self._lines:
+            text = line.strip()
+            if not text:
+                continue
+            count += 1
+            await deliver(
+                ChannelMessage(
+                    platform=self.platform,
+                    place=self.place,
+                    message_id=f"{self._run_id}-{count}",
+                    author_id="local",
+                    text=text,
+                    author_name="you",
+                )
+            )
+
+    async def stop(self) -> None:
+        """Nothing to close: the reader thread is a daemon and ends with the process."""
+
+    def open_reply(self, place: str, reply_to: str | None) -> Reply:
+        return TerminalReply(self._write, self._dim, self._settings)
+
+    async def notify(self, place: str, text: str) -> None:
+        self._write(self._dim(text) + "\n")
+
+    def say(self, text: str) -> None:
+        """A line from the bot itself (the ready banner), outside any conversation."""
+        self._write(self._dim(text) + "\n")
+
+    def _write(self, text: str) -> None:
+        self._output.write(text)
+        self._output.flush()
+
+    def _dim(self, text: str) -> str:
+        return f"{DIM}{text}{RESET}" if self._color else text
+
+
+class TerminalReply:
+    def __init__(
+        self, write: Callable[[str], None], dim: Callable[[str], str], settings: TerminalSettings
+    ) -> None:
+        self._write_raw = write
+        self._dimmed = dim
+        self._settings = settings
+        self._text = ""
+        self._thinking = ""
+        self._activity: str | None = None
+        self._section: str | None = None
+
+    async def update(self, frame: Frame) -> None:
+        self._show(frame)
+
+    async def finish(self, text: str, outcome: Outcome, note: str | None) -> None:
+        self._show(Frame(text))
+        if self._section is None:
+            self._start("text")
+        if outcome is Outcome.STOPPED:
+            self._write_raw(self._dimmed(" (stopped)"))
+        elif outcome is Outcome.FAILED:
+            self._write_raw(("\n" if self._text else "") + f"[failed] {note}")
+        self._write_raw("\n")
+
+    def _show(self, frame: Frame) -> None:
+        if self._settings.show_thinking and frame.thinking and frame.thinking != self._thinking:
+            new = _new_part(self._thinking, frame.thinking)
+            self._start("thinking", fresh=not frame.thinking.startswith(self._thinking))
+            self._write_raw(self._dimmed(new))
+            self._thinking = frame.thinking
+        if self._settings.show_tools and frame.activity and frame.activity != self._activity:
+            self._start("activity", fresh=True)
+            self._write_raw(self._dimmed(frame.activity))
+        self._activity = frame.activity
+        if frame.text != self._text:
+            self._start("text", fresh=not frame.text.startswith(self._text))
+            self._write_raw(_new_part(self._text, frame.text))
+            self._text = frame.text
+
+    def _start(self, section: str, *, fresh: bool = False) -> None:
+        """Open a section (thinking, activity, text) on its own line when the kind changes."""
+        if self._section is None:
+            self._write_raw(REPLY_LABEL)
+        elif section != self._section or fresh:
+            self._write_raw("\n")
+        self._section = section
+
+
+def _new_part(shown: str, whole: str) -> str:
+    return whole[len(shown) :] if whole.startswith(shown) else whole
+
+
+async def stdin_lines(stream: TextIO = sys.stdin) -> AsyncIterator[str]:
+    """Lines of `stream` as an async iterator, read by a daemon thread so the loop never blocks.
+
+    A thread (not `connect_read_pipe`) because stdin may be a file, a pipe or a terminal, and only
+    a blocking read handles all three; daemon, because a read blocked at exit must not hold the
+    process open.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def read() -> None:
+        for line in iter(stream.readline, ""):
+            loop.call_soon_threadsafe(queue.put_nowait, line)
+        loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    threading.Thread(target=read, name="kaiwa-stdin", daemon=True).start()
+    while (line := await queue.get()) is not None:
+        yield line

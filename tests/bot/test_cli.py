@@ -1,0 +1,152 @@
+"""The `kaiwa` command as a person runs it: a real process, the fake Ollama on 127.0.0.1."""
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.store import Store
+from tests.fakes.ollama import FakeOllama, Pause, Text
+
+WAIT_SECONDS = 20.0
+READY = "Kaiwa is ready"
+
+
+def write_config(tmp_path: Path, url: str, model: str = "test-model") -> Path:
+    path = tmp_path / "kaiwa.toml"
+    path.write_text(
+        f'[ollama]\nurl = "{url}"\nconnect_timeout = 2.0\n\n'
+        f'[agents.assistant]\nmodel = "{model}"\n\n'
+        '[storage]\ndata_dir = "state"\n\n'
+        "[channels.terminal]\nshow_thinking = false\n"
+    )
+    return path
+
+
+async def kaiwa(*args: str, stdin: int | None = None) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        *args,
+        stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "KAIWA_CONFIG": ""},
+    )
+
+
+async def finish(process: asyncio.subprocess.Process) -> tuple[int, str, str]:
+    async with asyncio.timeout(WAIT_SECONDS):
+        out, err = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def read_until(process: asyncio.subprocess.Process, text: str) -> str:
+    assert process.stdout is not None
+    seen = ""
+    async with asyncio.timeout(WAIT_SECONDS):
+        while text not in seen:
+            chunk = await process.stdout.read(256)
+            if not chunk:
+                raise AssertionError(f"output ended before {text!r}: {seen!r}")
+            seen += chunk.decode()
+    return seen
+
+
+async def test_check_passes_when_the_model_is_there(ollama: FakeOllama, tmp_path: Path) -> None:
+    code, out, _ = await finish(
+        await kaiwa("--config", str(write_config(tmp_path, ollama.url)), "check")
+    )
+    assert code == 0
+    assert out == f"ok: Ollama at {ollama.url} is reachable and has test-model\n"
+
+
+async def test_check_names_the_model_to_pull(ollama: FakeOllama, tmp_path: Path) -> None:
+    config = write_config(tmp_path, ollama.url, model="qwen3:4b")
+    code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
+    assert code == 1
+    assert out == "problem: model qwen3:4b not found: run `ollama pull qwen3:4b`\n"
+
+
+async def test_run_refuses_to_start_without_ollama(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "http://127.0.0.1:9")
+    code, out, err = await finish(await kaiwa("--config", str(config), "run"))
+    assert code == 1
+    assert "kaiwa: cannot start: cannot reach Ollama at http://127.0.0.1:9" in err
+    assert "Traceback" not in err and READY not in out
+
+
+async def test_a_config_mistake_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[ollama]\ntimeout = 3\n")
+    code, _, err = await finish(await kaiwa("--config", str(config)))
+    assert code == 2
+    assert err.startswith("kaiwa: configuration error: unknown key 'ollama.timeout'")
+    assert "Traceback" not in err
+
+
+async def test_a_chat_then_end_of_input(ollama: FakeOllama, tmp_path: Path) -> None:
+    ollama.script(Text("Hello from the process.", chunks=3))
+    config = write_config(tmp_path, ollama.url)
+    process = await kaiwa("--config", str(config), stdin=asyncio.subprocess.PIPE)
+    assert process.stdin is not None
+
+    await read_until(process, READY)
+    process.stdin.write(b"hi there\n")
+    await read_until(process, "Hello from the process.")
+    process.stdin.close()
+    code, _, err = await finish(process)
+
+    assert code == 0, err
+    log = (tmp_path / "state" / "kaiwa.log").read_text()
+    assert "conversation=terminal:local provenance=person outcome=done model_calls=1" in log
+    store = Store(f"sqlite:///{tmp_path / 'state' / 'kaiwa.db'}")
+    try:
+        conversation = store.active_conversation("terminal:local")
+        assert conversation is not None and conversation.id is not None
+        assert [m.text for m in store.history(conversation.id)] == [
+            "hi there",
+            "Hello from the process.",
+        ]
+    finally:
+        store.close()
+
+
+async def test_ctrl_c_stops_the_live_turn_and_keeps_its_text(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    ollama.script(Text("Half an answer"), Pause("forever"), Text(" never"))
+    config = write_config(tmp_path, ollama.url)
+    process = await kaiwa("--config", str(config), stdin=asyncio.subprocess.PIPE)
+    assert process.stdin is not None
+
+    await read_until(process, READY)
+    process.stdin.write(b"talk\n")
+    await read_until(process, "Half an answer")
+    process.send_signal(signal.SIGINT)
+    code, out, err = await finish(process)
+
+    assert code == 0, err
+    assert "(stopped)" in out
+    store = Store(f"sqlite:///{tmp_path / 'state' / 'kaiwa.db'}")
+    try:
+        conversation = store.active_conversation("terminal:local")
+        assert conversation is not None and conversation.id is not None
+        last = store.history(conversation.id)[-1]
+        assert (last.text, last.stopped) == ("Half an answer", True)
+        (turn,) = store.turns(conversation.id)
+        assert (turn.status, turn.stop_reason) == ("stopped", "shutdown")
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+async def test_help(flag: str) -> None:
+    code, out, _ = await finish(await kaiwa(flag))
+    assert code == 0
+    assert "usage: kaiwa" in out and "check" in out

@@ -1,0 +1,150 @@
+"""The terminal channel, driven line by line through the whole turn path."""
+
+import asyncio
+import io
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from channels.terminal import TerminalChannel, TerminalSettings, stdin_lines
+from tests.fakes.ollama import FakeOllama, Pause, Text, Thinking, ToolCall
+from tests.harness import BotFactory
+
+WAIT_SECONDS = 5.0
+
+
+class Screen(io.StringIO):
+    """What the terminal shows, with a handshake for 'this text has appeared'."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._tick = asyncio.Event()
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        self._tick.set()
+        self._tick = asyncio.Event()
+        return written
+
+    async def shows(self, text: str) -> None:
+        async with asyncio.timeout(WAIT_SECONDS):
+            while text not in self.getvalue():
+                await self._tick.wait()
+
+
+class Keyboard:
+    """Lines typed by a test; `close()` is Ctrl-D."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def type(self, line: str) -> None:
+        self._queue.put_nowait(line + "\n")
+
+    def close(self) -> None:
+        self._queue.put_nowait(None)
+
+    async def lines(self) -> AsyncIterator[str]:
+        while (line := await self._queue.get()) is not None:
+            yield line
+
+
+def terminal(screen: Screen, keyboard: Keyboard, **settings: bool) -> TerminalChannel:
+    return TerminalChannel(
+        keyboard.lines(), screen, TerminalSettings(frame_interval=0, **settings), color=False
+    )
+
+
+async def test_a_reply_streams_and_ctrl_d_ends_the_channel(
+    make_bot: BotFactory, ollama: FakeOllama
+) -> None:
+    screen, keyboard = Screen(), Keyboard()
+    channel = terminal(screen, keyboard)
+    bot = make_bot(channel=channel)
+    ollama.script(Text("Hello from Kaiwa.", chunks=3))
+
+    reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+    keyboard.type("hi")
+    await screen.shows("kaiwa> Hello from Kaiwa.\n")
+    keyboard.close()
+    async with asyncio.timeout(WAIT_SECONDS):
+        await reading
+    assert bot.history("terminal:local")[-1].text == "Hello from Kaiwa."
+
+
+async def test_stop_typed_while_a_reply_streams(make_bot: BotFactory, ollama: FakeOllama) -> None:
+    screen, keyboard = Screen(), Keyboard()
+    channel = terminal(screen, keyboard)
+    bot = make_bot(channel=channel)
+    ollama.script(Text("Once upon a time"), Pause("story"), Text(" there was more"))
+
+    reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+    keyboard.type("tell a story")
+    await screen.shows("Once upon a time")
+    keyboard.type("/stop")
+    await screen.shows("Stopped.")
+
+    assert "kaiwa> Once upon a time (stopped)\nStopped.\n" in screen.getvalue()
+    assert bot.history("terminal:local")[-1].text == "Once upon a time"
+    keyboard.close()
+    await reading
+
+
+async def test_thinking_and_tools_are_shown_when_enabled(
+    make_bot: BotFactory, ollama: FakeOllama
+) -> None:
+    screen, keyboard = Screen(), Keyboard()
+    channel = terminal(screen, keyboard)
+    bot = make_bot(channel=channel)
+    ollama.script(Thinking("Which zone?"), ToolCall("current_time", {}))
+    ollama.script(Text("It is noon."))
+
+    reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+    keyboard.type("time?")
+    await screen.shows("It is noon.\n")
+    keyboard.close()
+    await reading
+
+    shown = screen.getvalue()
+    assert shown.index("Which zone?") < shown.index("using current_time…")
+    assert shown.index("using current_time…") < shown.index("It is noon.")
+
+
+async def test_thinking_and_tools_can_be_hidden(make_bot: BotFactory, ollama: FakeOllama) -> None:
+    screen, keyboard = Screen(), Keyboard()
+    channel = terminal(screen, keyboard, show_thinking=False, show_tools=False)
+    bot = make_bot(channel=channel)
+    ollama.script(Thinking("secret musing"), ToolCall("current_time", {}))
+    ollama.script(Text("It is noon."))
+
+    reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+    keyboard.type("time?")
+    await screen.shows("It is noon.\n")
+    keyboard.close()
+    await reading
+
+    assert screen.getvalue() == "kaiwa> It is noon.\n"
+
+
+async def test_a_failure_is_one_clear_line(make_bot: BotFactory, ollama: FakeOllama) -> None:
+    screen, keyboard = Screen(), Keyboard()
+    channel = terminal(screen, keyboard)
+    bot = make_bot(channel=channel)
+    ollama.models.clear()
+
+    reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+    keyboard.type("hi")
+    await screen.shows("[failed]")
+    keyboard.close()
+    await reading
+
+    assert screen.getvalue() == (
+        "kaiwa> [failed] model test-model not found: run `ollama pull test-model`\n"
+    )
+
+
+async def test_stdin_lines_reads_a_file_to_its_end(tmp_path: Path) -> None:
+    source = tmp_path / "input.txt"
+    source.write_text("first\nsecond\n")
+    with source.open() as stream:
+        lines = [line async for line in stdin_lines(stream)]
+    assert lines == ["first\n", "second\n"]

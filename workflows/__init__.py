@@ -1,0 +1,1 @@
+"""Turn bodies with more structure than chat (plan → review → execute, ...). None yet."""
