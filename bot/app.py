@@ -100,6 +100,11 @@ async def run(config: Config, stop_requested: asyncio.Event, terminal: TerminalI
             sys.stderr.write("".join(f"kaiwa: cannot start: {p}\n" for p in problems))
             return 1
         store = Store(config.database_url())
+        interrupted = store.close_interrupted_turns()
+        if interrupted:
+            logger.warning(
+                "marked %d turns left running by an earlier process interrupted", interrupted
+            )
         try:
             await _serve(config, store, model, settings, stop_requested, terminal)
         finally:

@@ -8,7 +8,7 @@ import signal
 import sys
 
 from bot.config import CONFIG_ENV, Config, config_path, load_config
-from core.errors import ConfigError
+from core.errors import ConfigError, KaiwaError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"kaiwa: configuration error: {exc}", file=sys.stderr)
         return 2
+    except KaiwaError as exc:
+        print(f"kaiwa: cannot start: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -1,5 +1,6 @@
 """The dispatcher: the one door every inbound message goes through, in a fixed order.
 
+0. While shutting down, leave the message unrecorded and unanswered.
 1. Deduplicate by the platform's message id, against a persisted unique index, so a redelivery
    after a restart is still a duplicate and never a second reply.
 2. Apply the access rules; a refused person is told so once per message, and no model is called.
@@ -52,9 +53,13 @@ class Dispatcher:
         self._commands = Commands(store, runner)
 
     async def handle(self, message: ChannelMessage) -> None:
+        if self._runner.closing:
+            # Not recorded, so a platform that redelivers it after the restart gets an answer.
+            logger.warning("shutting down: %s message %s left unanswered", *_origin(message))
+            return
         event_id = self._store.record_inbound(message.platform, message.message_id, message.place)
         if event_id is None:
-            logger.info("duplicate %s message %s ignored", message.platform, message.message_id)
+            logger.info("duplicate %s message %s ignored", *_origin(message))
             return
         channel = self._channels[message.platform]
         if not self._access.allows(message):
@@ -103,3 +108,7 @@ class Dispatcher:
         except Exception:
             logger.exception("command /%s in %s failed", command.name, message.place)
             await channel.notify(message.place, f"/{command.name} failed; see the log for why.")
+
+
+def _origin(message: ChannelMessage) -> tuple[str, str]:
+    return message.platform, message.message_id

@@ -1,11 +1,13 @@
 """Kaiwa's own exceptions, so callers never catch a client library's types.
 
 Third-party exceptions are mapped to these at exactly one boundary each (the model client maps
-ollama and httpx errors in `core.model`), with `raise ... from exc`. Every message is written for
+ollama and httpx errors in `core.model`, the store maps SQLAlchemy's when it opens), with
+`raise ... from exc`. Every message is written for
 the person reading the conversation: what went wrong, then how to fix it.
 
     KaiwaError
     ├── ConfigError            a setting is wrong; names the key and the expected type
+    ├── StoreError             the database cannot be opened or migrated
     ├── ModelError             a model request did not produce a reply
     │   ├── ModelUnreachable   Ollama is not listening at the configured URL
     │   ├── ModelNotFound      the model is not pulled
@@ -22,6 +24,10 @@ class KaiwaError(Exception):
 
 class ConfigError(KaiwaError):
     """A configuration value is missing, unknown or of the wrong type."""
+
+
+class StoreError(KaiwaError):
+    """The database cannot be opened or migrated; the message names the setting to check."""
 
 
 class ModelError(KaiwaError):

@@ -20,28 +20,53 @@ from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
+from alembic.util.exc import CommandError
 from sqlalchemy import Engine, Executable, bindparam, event, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import SQLModel, create_engine
 
+from core.errors import StoreError
 from core.messages import AssistantMessage, ToolResult, UsageTotals
 from core.tables import Conversation, InboundEvent, Message, Turn, utc_now
 
 Row = TypeVar("Row", bound=SQLModel)
 MIGRATIONS = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 5000
+INTERRUPTED = "Kaiwa stopped before this turn finished (the process ended without a shutdown)"
 
 
 class Store:
     def __init__(self, url: str) -> None:
-        self.url = url
-        self._engine = _engine_for(url)
-        migrate(self._engine)
-        self._connection = self._engine.connect()
+        shown = make_url(url).render_as_string(hide_password=True)
+        try:
+            self._engine = _engine_for(url)
+            migrate(self._engine)
+            self._connection = self._engine.connect()
+        except (SQLAlchemyError, CommandError, OSError) as exc:
+            raise StoreError(
+                f"cannot open the database {shown}: {_first_line(exc)}; check that it is "
+                "reachable and that [storage].database_url_env names the right variable"
+            ) from exc
 
     def close(self) -> None:
         self._connection.close()
         self._engine.dispose()
+
+    def close_interrupted_turns(self) -> int:
+        """Mark turns left `running` by a process that died as interrupted; returns how many.
+
+        One Kaiwa process owns a database: a second one would also break the per-conversation
+        gate, which lives in memory.
+        """
+        table = Turn.__table__
+        statement = (
+            update(table)
+            .where(table.c.status == "running")
+            .values(status="interrupted", error=INTERRUPTED, ended_at=utc_now())
+        )
+        with self._connection.begin():
+            return self._connection.execute(statement).rowcount
 
     # -- inbound events ------------------------------------------------------------------------
 
@@ -279,3 +304,7 @@ def message_wire(row: Message) -> dict[str, Any]:
 
 def history_wire(rows: Sequence[Message]) -> list[dict[str, Any]]:
     return [message_wire(row) for row in rows]
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -143,13 +143,13 @@ class TurnRunner:
         self.settings = settings
         self._slots: PinnedLRU[str, _Slot] = PinnedLRU(settings.max_cached_conversations)
         self._live: set[_Turn] = set()
-        self._closing = False
+        self.closing = False
 
     # -- entry points --------------------------------------------------------------------------
 
     def submit(self, request: TurnRequest) -> "asyncio.Task[TurnResult]":
         """Queue a turn behind its conversation's running one and return at once."""
-        if self._closing:
+        if self.closing:
             raise RuntimeError("the turn runner is shutting down")
         slot = self._slots.get_or_create(request.place, lambda: _Slot(request.place))
         self._slots.pin(request.place)  # invariant 2: pinned before the gate, for the task's life
@@ -204,7 +204,7 @@ class TurnRunner:
 
     async def shutdown(self) -> None:
         """Invariant 7: stop every live turn, queued or running, and wait for each to finish."""
-        self._closing = True
+        self.closing = True
         live = list(self._live)
         for turn in live:
             if turn in turn.slot.waiting:

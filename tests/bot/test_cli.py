@@ -90,6 +90,23 @@ async def test_a_config_mistake_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in err
 
 
+async def test_an_unknown_tool_in_config_lists_the_valid_ones(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, ollama.url)
+    config.write_text(
+        config.read_text().replace(
+            'model = "test-model"', 'model = "test-model"\ntools = ["web_search"]'
+        )
+    )
+    code, _, err = await finish(await kaiwa("--config", str(config), "check"))
+    assert code == 2
+    assert err == (
+        "kaiwa: configuration error: agents.assistant.tools: unknown tool 'web_search'; "
+        "valid tools: current_time\n"
+    )
+
+
 async def test_a_chat_then_end_of_input(ollama: FakeOllama, tmp_path: Path) -> None:
     ollama.script(Text("Hello from the process.", chunks=3))
     config = write_config(tmp_path, ollama.url)

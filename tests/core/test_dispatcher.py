@@ -162,3 +162,12 @@ def test_parse_command() -> None:
     assert parse_command("hello /stop") is None
     assert parse_command("/") is None
     assert parse_command("/ 42") is None
+
+
+async def test_a_message_during_shutdown_is_left_for_redelivery(bot: Bot) -> None:
+    await bot.runner.shutdown()
+
+    await bot.send("too late", message_id="late")
+
+    assert bot.store.inbound_status("test", "late") is None, "a redelivery will be answered"
+    assert bot.channel.replies == []

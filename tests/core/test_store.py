@@ -10,8 +10,9 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 from sqlmodel import SQLModel
 
+from core.errors import StoreError
 from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, Usage, UsageTotals
-from core.store import Store, history_wire
+from core.store import INTERRUPTED, Store, history_wire
 from tests.conftest import postgres_url
 
 
@@ -143,3 +144,27 @@ def test_sqlite_runs_in_wal_mode(store: Store, sqlite_url: str) -> None:
             assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
     finally:
         engine.dispose()
+
+
+def test_turns_left_running_by_a_dead_process_are_marked_interrupted(any_store: Store) -> None:
+    conversation = any_store.open_conversation("test:place", "assistant", "System.")
+    assert conversation.id is not None
+    crashed = any_store.start_turn(conversation.id, "person")
+    finished = any_store.start_turn(conversation.id, "person")
+    any_store.finish_turn(finished, "done")
+
+    assert any_store.close_interrupted_turns() == 1
+
+    assert (any_store.turn(crashed).status, any_store.turn(crashed).error) == (
+        "interrupted",
+        INTERRUPTED,
+    )
+    assert any_store.turn(finished).status == "done"
+
+
+def test_an_unreachable_database_is_one_clear_error_without_the_password() -> None:
+    url = "postgresql+psycopg://kaiwa:hunter2@127.0.0.1:9/kaiwa"
+    with pytest.raises(StoreError, match=r"cannot open the database .*kaiwa:\*\*\*@") as caught:
+        Store(url)
+    assert "hunter2" not in str(caught.value)
+    assert "[storage].database_url_env" in str(caught.value)
