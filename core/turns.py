@@ -51,6 +51,8 @@ from core.tools import Tool
 
 logger = logging.getLogger(__name__)
 
+SHUTDOWN_GRACE_SECONDS = 10.0
+
 
 class Provenance(StrEnum):
     PERSON = "person"
@@ -122,11 +124,16 @@ class _Turn:
     slot: _Slot
     task: "asyncio.Task[TurnResult]" = field(init=False)
     stop_reason: str | None = None
+    finishing: bool = False
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str) -> bool:
+        """Ask the turn to stop; False if it was already recorded and is sending its last edit."""
+        if self.finishing:
+            return False
         if self.stop_reason is None:
             self.stop_reason = reason
             self.task.cancel()
+        return True
 
 
 class TurnRunner:
@@ -176,10 +183,8 @@ class TurnRunner:
         if slot is None:
             return StopReport(stopped_running=False, dropped=0)
         dropped = self._drop_waiting(slot)
-        running = slot.running
-        if running is not None:
-            running.stop(reason)
-        return StopReport(stopped_running=running is not None, dropped=dropped)
+        stopped = slot.running is not None and slot.running.stop(reason)
+        return StopReport(stopped_running=stopped, dropped=dropped)
 
     async def wait_idle(self, place: str) -> None:
         """Wait until no turn of `place` is alive."""
@@ -210,8 +215,14 @@ class TurnRunner:
             if turn in turn.slot.waiting:
                 self._drop_waiting(turn.slot)
             turn.stop("shutdown")
-        if live:
-            await asyncio.wait([turn.task for turn in live])
+        if not live:
+            return
+        tasks = [turn.task for turn in live]
+        _, stuck = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_SECONDS)
+        for task in stuck:  # a closing notice that hangs (a dead network) is cut short
+            task.cancel()
+        if stuck:
+            await asyncio.wait(stuck)
 
     # -- the turn ------------------------------------------------------------------------------
 
@@ -273,6 +284,7 @@ class TurnRunner:
         # invariant 5: records first (synchronous, so no cancellation can tear them) ...
         self._store.finish_turn(turn_id, outcome.value, stop_reason=turn.stop_reason, error=note)
         self._log_turn(request, outcome, recorder, time.monotonic() - started)
+        turn.finishing = True
         # ... then the notice, which a second cancellation may cut short without losing anything.
         text = recorder.display_text()
         await self._notify(pump, reply, text, outcome, note)

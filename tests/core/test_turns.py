@@ -258,6 +258,20 @@ async def test_invariant_5_records_survive_cancelled_notice(make_bot: BotFactory
     assert bot.history()[-1].text == "All done."
 
 
+async def test_a_stop_during_the_last_edit_lets_the_reply_finish(make_bot: BotFactory) -> None:
+    bot = make_bot(channel=RecordingChannel(hold_finish=True))
+    bot.ollama.script(Text("Complete answer."))
+
+    await bot.send("hi")
+    await bot.channel.finishing.wait()
+    report = bot.runner.stop(PLACE)
+    bot.channel.release_finish()
+
+    (reply,) = await bot.channel.finished()
+    assert not report.stopped_running
+    assert (reply.outcome, reply.text) == (Outcome.DONE, "Complete answer.")
+
+
 # -- invariant 6 -------------------------------------------------------------------------------
 
 
