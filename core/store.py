@@ -10,7 +10,7 @@ SQLModel row objects.
 
 SQLite is the embedded default (WAL, a busy timeout, foreign keys on). Any other SQLAlchemy URL,
 PostgreSQL in particular, runs the same code. The schema is created and upgraded by the Alembic
-migrations in `core/migrations`, applied when the store opens.
+migrations in `core/migrations`, applied when the store opens (`core.schema`).
 """
 
 from collections.abc import Sequence
@@ -18,9 +18,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from alembic import command
-from alembic.config import Config
-from alembic.util.exc import CommandError
 from sqlalchemy import Engine, Executable, bindparam, event, insert, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -28,10 +25,10 @@ from sqlmodel import SQLModel, create_engine
 
 from core.errors import StoreError
 from core.messages import AssistantMessage, ToolResult, UsageTotals
+from core.schema import ensure_schema
 from core.tables import Conversation, InboundEvent, Message, Turn, utc_now
 
 Row = TypeVar("Row", bound=SQLModel)
-MIGRATIONS = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 5000
 INTERRUPTED = "Kaiwa stopped before this turn finished (the process ended without a shutdown)"
 
@@ -41,9 +38,9 @@ class Store:
         shown = make_url(url).render_as_string(hide_password=True)
         try:
             self._engine = _engine_for(url)
-            migrate(self._engine)
+            ensure_schema(self._engine)
             self._connection = self._engine.connect()
-        except (SQLAlchemyError, CommandError, OSError) as exc:
+        except (SQLAlchemyError, OSError) as exc:
             raise StoreError(
                 f"cannot open the database {shown}: {_first_line(exc)}; check that it is "
                 "reachable and that [storage].database_url_env names the right variable"
@@ -278,15 +275,6 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
-
-
-def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest migration (creating it on an empty database)."""
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
 
 
 def message_wire(row: Message) -> dict[str, Any]:

@@ -6,12 +6,15 @@ from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, text
 from sqlmodel import SQLModel
 
 from core.errors import StoreError
 from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, Usage, UsageTotals
+from core.schema import MIGRATIONS, SCHEMA_HEAD
 from core.store import INTERRUPTED, Store, history_wire
 from tests.conftest import postgres_url
 
@@ -59,6 +62,17 @@ def test_migrations_match_the_tables(any_store: Store, database_url: str) -> Non
     finally:
         engine.dispose()
     assert differences == []
+
+
+def test_schema_head_is_the_newest_migration() -> None:
+    scripts = ScriptDirectory.from_config(_alembic_config())
+    assert scripts.get_current_head() == SCHEMA_HEAD
+
+
+def _alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    return config
 
 
 def test_reopening_a_migrated_database_keeps_rows(database_url: str) -> None:
