@@ -21,7 +21,7 @@ from bot.logs import setup_logging
 from channels.terminal import TerminalChannel, TerminalSettings, stdin_lines
 from core.channel import Channel
 from core.dispatcher import AccessRules, Dispatcher
-from core.model import ModelClient, ModelSettings
+from core.model import ModelClient
 from core.store import Store
 from core.tools import ToolRegistry, builtin_tools
 from core.turns import AgentProfile, TurnRunner, TurnSettings
@@ -35,18 +35,6 @@ class TerminalIO:
 
     lines: AsyncIterator[str] | None = None
     output: TextIO | None = None
-
-
-def model_settings(config: Config) -> ModelSettings:
-    ollama = config.ollama
-    return ModelSettings(
-        url=ollama.url,
-        connect_timeout=ollama.connect_timeout,
-        first_chunk_timeout=ollama.first_chunk_timeout,
-        idle_timeout=ollama.idle_timeout,
-        max_concurrent_requests=ollama.max_concurrent_requests,
-        keep_alive=ollama.keep_alive,
-    )
 
 
 def turn_settings(config: Config) -> TurnSettings:
@@ -74,7 +62,7 @@ def turn_settings(config: Config) -> TurnSettings:
 async def check(config: Config, output: TextIO = sys.stdout) -> int:
     """`kaiwa check`: print every problem with its fix; non-zero exit if there is any."""
     turn_settings(config)
-    model = ModelClient(model_settings(config))
+    model = ModelClient(config.ollama)
     try:
         problems = await find_problems(config, model)
     finally:
@@ -91,7 +79,7 @@ async def run(config: Config, stop_requested: asyncio.Event, terminal: TerminalI
     """`kaiwa run`: check, start the channels, serve until input ends or a stop is requested."""
     setup_logging(config.logging, config.data_dir, config.secrets())
     settings = turn_settings(config)
-    model = ModelClient(model_settings(config))
+    model = ModelClient(config.ollama)
     try:
         problems = await find_problems(config, model)
         if problems:

@@ -1,18 +1,22 @@
-"""The `kaiwa` command. Imports stay light here so `kaiwa --help` is instant; the application is
-imported only once a command actually runs."""
+"""The `kaiwa` command. Only argparse is imported before the arguments are parsed, so
+`kaiwa --help` is instant; configuration and the application load once a command runs."""
 
 import argparse
 import asyncio
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-from bot.config import CONFIG_ENV, Config, config_path, load_config
-from core.errors import ConfigError, KaiwaError
+if TYPE_CHECKING:
+    from bot.config import Config
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from bot.config import config_path, load_config
+    from core.errors import ConfigError, KaiwaError
+
     try:
         config = load_config(config_path(args.config))
     except ConfigError as exc:
@@ -34,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-async def _run(config: Config) -> int:
+async def _run(config: "Config") -> int:
     from bot import app
 
     stop_requested = asyncio.Event()
@@ -54,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kaiwa",
         description="Kaiwa: a multi-channel agent chat bot on Ollama.",
-        epilog=f"The config file is --config, else ${CONFIG_ENV}, else ./config.toml, "
+        epilog="The config file is --config, else $KAIWA_CONFIG, else ./config.toml, "
         "else the embedded defaults.",
     )
     parser.add_argument("--config", metavar="PATH", help="the configuration file to use")

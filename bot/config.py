@@ -1,10 +1,10 @@
 """Configuration: a TOML file checked strictly against typed dataclasses.
 
-The dataclasses below are the embedded defaults; `config.toml` at the top of the repository spells
-out the same defaults with a comment on every key (a test keeps the two equal). Every key is
-checked at start-up: an unknown key or a value of the wrong type fails naming the key and the
-expected type, before anything starts. Secrets never live in the file: a `*_env` key names the
-environment variable that holds one.
+The dataclasses below (and `core.model.ModelSettings` for [ollama]) are the embedded defaults;
+`config.toml` at the top of the repository spells out the same defaults with a comment on every
+key (a test keeps the two equal). Every key is checked at start-up: an unknown key or a value of
+the wrong type fails naming the key and the expected type, before anything starts. Secrets never
+live in the file: a `*_env` key names the environment variable that holds one.
 
 Which file: `--config PATH`, else `$KAIWA_CONFIG`, else `./config.toml` if present, else the
 embedded defaults. Relative paths in the file are relative to the file's folder.
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
+from core.model import ModelSettings
 
 CONFIG_ENV = "KAIWA_CONFIG"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -34,16 +35,6 @@ DEFAULT_SYSTEM_PROMPT = (
 class AssistantConfig:
     agent: str = "assistant"
     timezone: str = ""
-
-
-@dataclass(frozen=True)
-class OllamaConfig:
-    url: str = "http://127.0.0.1:11434"
-    connect_timeout: float = 5.0
-    first_chunk_timeout: float = 120.0
-    idle_timeout: float = 60.0
-    max_concurrent_requests: int = 1
-    keep_alive: str = "5m"
 
 
 @dataclass(frozen=True)
@@ -93,7 +84,7 @@ class ChannelsConfig:
 @dataclass(frozen=True)
 class Config:
     assistant: AssistantConfig = field(default_factory=AssistantConfig)
-    ollama: OllamaConfig = field(default_factory=OllamaConfig)
+    ollama: ModelSettings = field(default_factory=ModelSettings)
     agents: dict[str, AgentConfig] = field(default_factory=lambda: {"assistant": AgentConfig()})
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
