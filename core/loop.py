@@ -94,22 +94,24 @@ class AgentLoop:
 
     async def run(self, messages: list[dict[str, Any]]) -> LoopResult:
         """Run until the model answers; `messages` gains every message the turn produces."""
-        nudge: list[dict[str, Any]] = []
+        nudged = False
+        extra: list[dict[str, Any]] = []
         tools_pending = False
         for model_calls in range(1, self._settings.max_iterations + 1):
-            message = await self._call_model(messages, nudge, with_tools=True)
+            message = await self._call_model(messages, extra, with_tools=True)
+            extra = []
             tools_pending = bool(message.tool_calls)
             if tools_pending:
                 await self._run_tools(message.tool_calls, messages)
                 continue
             if message.text.strip():
                 return LoopResult(message, model_calls, wrapped_up=False)
-            if nudge:
+            if nudged:
                 raise DegenerateTurn(
-                    f"{self._settings.model} replied with nothing twice in a row, even after a "
-                    "nudge; try again or rephrase your message"
+                    f"{self._settings.model} gave an empty reply again after a nudge; try "
+                    "again or rephrase your message"
                 )
-            nudge = [{"role": "user", "content": NUDGE}]
+            nudged, extra = True, [{"role": "user", "content": NUDGE}]
         if not tools_pending:
             raise DegenerateTurn(
                 f"{self._settings.model} ended its last allowed model call with an empty reply; "

@@ -248,8 +248,20 @@ async def test_two_empty_replies_fail_loudly(ollama: FakeOllama, model: ModelCli
     ollama.script(Text(""))
     loop, _ = loop_for(model, [])
 
-    with pytest.raises(DegenerateTurn, match="nothing twice"):
+    with pytest.raises(DegenerateTurn, match="empty reply again after a nudge"):
         await loop.run(conversation())
+
+
+async def test_the_nudge_is_sent_once_per_turn(ollama: FakeOllama, model: ModelClient) -> None:
+    ollama.script(Text(""))
+    ollama.script(CallStep("echo", {"word": "x"}))
+    ollama.script(Text(""))
+    loop, _ = loop_for(model, [echo])
+
+    with pytest.raises(DegenerateTurn, match="again after a nudge"):
+        await loop.run(conversation())
+    assert ollama.requests[1]["messages"][-1]["content"] == NUDGE
+    assert ollama.requests[2]["messages"][-1]["role"] == "tool", "the nudge went with one call"
 
 
 async def test_cap_reached_with_tool_pending_forces_a_wrap_up(
