@@ -1,0 +1,1 @@
+"""Benchmark scripts: each prints its figures beside the targets; none asserts on time."""
