@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from core.errors import DegenerateTurn
 from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, Usage
-from core.model import ChunkCallback, ModelChunk, ModelReply
+from core.model import ChunkCallback, ModelReply
 from core.tools import Tool, argument_problems
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class ChatModel(Protocol):
         self,
         model: str,
         messages: Sequence[dict[str, Any]],
+        reply: ModelReply,
         on_chunk: ChunkCallback,
         *,
         tools: Sequence[dict[str, Any]] = (),
@@ -56,8 +57,11 @@ class LoopSink(Protocol):
 
     def thinking(self, delta: str) -> None: ...
     def text(self, delta: str) -> None: ...
-    def model_call_finished(self, usage: Usage) -> None: ...
-    def assistant_message(self, message: AssistantMessage) -> None: ...
+    def model_call_finished(self, usage: Usage, message: AssistantMessage | None) -> None:
+        """A model call returned or was cut short: what it cost, and what it said (None if it
+        said nothing). Reported before any tool it asked for runs."""
+        ...
+
     def tool_started(self, call: ToolCall) -> None: ...
     def tool_finished(self, result: ToolResult) -> None: ...
 
@@ -144,31 +148,24 @@ class AgentLoop:
             reply = await self._model.chat(
                 self._settings.model,
                 messages + extra if extra else messages,
-                self._relay(streamed),
+                streamed,
+                self._show,
                 tools=schemas,
                 think=self._settings.think,
             )
         except BaseException as exc:
-            self._emit(self._sink.model_call_finished, Usage(seconds=time.monotonic() - started))
-            self._keep_partial(streamed, messages, stopped=isinstance(exc, asyncio.CancelledError))
+            usage = Usage(seconds=time.monotonic() - started)
+            self._keep_partial(streamed, usage, messages, isinstance(exc, asyncio.CancelledError))
             raise
-        self._emit(self._sink.model_call_finished, reply.usage)
         message = self._message_from(reply)
-        if message.text or message.tool_calls:
-            self._record(message, messages)
+        self._record(reply.usage, message if message.text or message.tool_calls else None, messages)
         return message
 
-    def _relay(self, streamed: ModelReply) -> ChunkCallback:
-        def on_chunk(chunk: ModelChunk) -> None:
-            streamed.text += chunk.text
-            streamed.thinking += chunk.thinking
-            streamed.tool_calls.extend(chunk.tool_calls)
-            if chunk.thinking:
-                self._emit(self._sink.thinking, chunk.thinking)
-            if chunk.text:
-                self._emit(self._sink.text, chunk.text)
-
-        return on_chunk
+    def _show(self, text: str, thinking: str) -> None:
+        if thinking:
+            self._emit(self._sink.thinking, thinking)
+        if text:
+            self._emit(self._sink.text, text)
 
     def _message_from(
         self, reply: ModelReply, *, partial: bool = False, stopped: bool = False
@@ -180,13 +177,14 @@ class AgentLoop:
         return AssistantMessage(reply.text, reply.thinking, tuple(calls), partial, stopped)
 
     def _keep_partial(
-        self, streamed: ModelReply, messages: list[dict[str, Any]], *, stopped: bool
+        self, streamed: ModelReply, usage: Usage, messages: list[dict[str, Any]], stopped: bool
     ) -> None:
-        """A model call ended early: keep what it said and close the calls it asked for."""
+        """A model call ended early: count it, keep what it said, close the calls it asked for."""
         if not (streamed.text or streamed.tool_calls):
+            self._record(usage, None, messages)
             return
         message = self._message_from(streamed, partial=True, stopped=stopped)
-        self._record(message, messages)
+        self._record(usage, message, messages)
         ending = "stopped" if stopped else "ended by an error"
         for call in message.tool_calls:
             self._finish(_unfinished_result(call, started=False, ending=ending), messages)
@@ -258,9 +256,12 @@ class AgentLoop:
                 call, f"'{call.name}' failed: {type(exc).__name__}: {exc}", ToolStatus.ERROR
             )
 
-    def _record(self, message: AssistantMessage, messages: list[dict[str, Any]]) -> None:
-        messages.append(message.to_wire())
-        self._emit(self._sink.assistant_message, message)
+    def _record(
+        self, usage: Usage, message: AssistantMessage | None, messages: list[dict[str, Any]]
+    ) -> None:
+        if message is not None:
+            messages.append(message.to_wire())
+        self._emit(self._sink.model_call_finished, usage, message)
 
     def _finish(self, result: ToolResult, messages: list[dict[str, Any]]) -> None:
         messages.append(result.to_wire())

@@ -9,6 +9,7 @@ core/turns.py).
 
 from collections import OrderedDict
 from collections.abc import Callable
+from itertools import islice
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -61,7 +62,11 @@ class PinnedLRU(Generic[K, V]):
     def _evict(self, keep: K | None = None) -> None:
         """Drop the least recently used unpinned entries (never `keep`) until within capacity."""
         excess = len(self._entries) - self.capacity
-        for key in list(self._entries):
+        if excess <= 0:
+            return
+        # Only the oldest `excess` entries, plus one per pin or kept key skipped, need a look.
+        oldest = list(islice(self._entries, excess + len(self._pins) + 1))
+        for key in oldest:
             if excess <= 0:
                 return
             if key not in self._pins and key != keep:

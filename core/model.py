@@ -25,6 +25,7 @@ import httpx
 import ollama
 import pydantic
 
+from core.deadline import SlidingDeadline
 from core.errors import (
     ModelError,
     ModelHTTPError,
@@ -34,6 +35,10 @@ from core.errors import (
     ModelUnreachable,
 )
 from core.messages import Usage
+
+MAX_IDLE_CONNECTIONS = 32
+"""httpcore scans its whole pool on every request, so a burst's worth of idle connections would
+slow every later request; a few dozen cover any realistic OLLAMA_NUM_PARALLEL."""
 
 
 @dataclass(frozen=True)
@@ -46,18 +51,9 @@ class ModelSettings:
     keep_alive: str = "5m"
 
 
-@dataclass(frozen=True)
-class ModelChunk:
-    """One streamed piece of a reply."""
-
-    text: str = ""
-    thinking: str = ""
-    tool_calls: tuple[tuple[str, dict[str, Any]], ...] = ()
-
-
 @dataclass
 class ModelReply:
-    """A finished model call: everything it streamed, and what it cost."""
+    """A model call's reply, filled in as it streams: a stopped caller keeps what arrived."""
 
     text: str = ""
     thinking: str = ""
@@ -66,7 +62,8 @@ class ModelReply:
     done_reason: str = ""
 
 
-ChunkCallback = Callable[[ModelChunk], None]
+ChunkCallback = Callable[[str, str], None]
+"""Called with (text, thinking) for each streamed piece that carries either."""
 
 
 class ModelClient:
@@ -91,28 +88,29 @@ class ModelClient:
         self,
         model: str,
         messages: Sequence[dict[str, Any]],
+        reply: ModelReply,
         on_chunk: ChunkCallback,
         *,
         tools: Sequence[dict[str, Any]] = (),
         think: bool | None = None,
     ) -> ModelReply:
-        """Stream one reply, calling `on_chunk` for each piece; raise a `ModelError` on failure."""
+        """Stream one reply into `reply`, calling `on_chunk` for each piece; raise a
+        `ModelError` on failure. Returns `reply`, complete with its usage."""
         async with self._slots:
             with self._errors_mapped(model):
-                return await self._stream(model, messages, on_chunk, tools, think)
+                return await self._stream(model, messages, reply, on_chunk, tools, think)
 
     async def _stream(
         self,
         model: str,
         messages: Sequence[dict[str, Any]],
+        reply: ModelReply,
         on_chunk: ChunkCallback,
         tools: Sequence[dict[str, Any]],
         think: bool | None,
     ) -> ModelReply:
-        loop = asyncio.get_running_loop()
         started = time.monotonic()
-        reply = ModelReply()
-        waiting_for = "first"
+        final: ollama.ChatResponse | None = None
         stream = await self._client.chat(
             model=model,
             messages=messages,
@@ -121,32 +119,34 @@ class ModelClient:
             stream=True,
             keep_alive=self.settings.keep_alive,
         )
+        deadline = SlidingDeadline(self.settings.first_chunk_timeout, self.settings.idle_timeout)
         try:
-            async with (
-                asyncio.timeout(self.settings.first_chunk_timeout) as deadline,
-                aclosing(stream),
-            ):
-                async for part in stream:
-                    waiting_for = "next"
-                    deadline.reschedule(loop.time() + self.settings.idle_timeout)
-                    _absorb(part, reply, on_chunk)
-                    if part.done:
-                        reply.usage = Usage(
-                            prompt_tokens=part.prompt_eval_count or 0,
-                            output_tokens=part.eval_count or 0,
-                            seconds=time.monotonic() - started,
-                        )
-                        reply.done_reason = part.done_reason or ""
-                        return reply
+            with deadline:
+                async with aclosing(stream):
+                    # Read to the end, past the done chunk, so the connection goes back to the
+                    # pool instead of being closed and opened again for the next request.
+                    async for part in stream:
+                        deadline.touch()
+                        _absorb(part, reply, on_chunk)
+                        if part.done:
+                            final = part
         except TimeoutError as exc:
-            raise self._timeout_error(model, waiting_for) from exc
-        raise ModelStreamError(
-            f"the reply from {model} ended before the model finished; try again, and check the "
-            "Ollama server log if it keeps happening"
+            raise self._timeout_error(model, deadline.waiting_for_first) from exc
+        if final is None:
+            raise ModelStreamError(
+                f"the reply from {model} ended before the model finished; try again, and check "
+                "the Ollama server log if it keeps happening"
+            )
+        reply.usage = Usage(
+            prompt_tokens=final.prompt_eval_count or 0,
+            output_tokens=final.eval_count or 0,
+            seconds=time.monotonic() - started,
         )
+        reply.done_reason = final.done_reason or ""
+        return reply
 
-    def _timeout_error(self, model: str, waiting_for: str) -> ModelTimeout:
-        if waiting_for == "first":
+    def _timeout_error(self, model: str, waiting_for_first: bool) -> ModelTimeout:
+        if waiting_for_first:
             return ModelTimeout(
                 f"{model} sent nothing for {self.settings.first_chunk_timeout:g} s; the model may "
                 "still be loading: try again, or raise [ollama].first_chunk_timeout"
@@ -210,17 +210,15 @@ class ModelClient:
 
 def _absorb(part: ollama.ChatResponse, reply: ModelReply, on_chunk: ChunkCallback) -> None:
     message = part.message
-    calls = tuple(
-        (call.function.name, dict(call.function.arguments)) for call in message.tool_calls or ()
-    )
-    chunk = ModelChunk(
-        text=message.content or "", thinking=message.thinking or "", tool_calls=calls
-    )
-    reply.text += chunk.text
-    reply.thinking += chunk.thinking
-    reply.tool_calls.extend(calls)
-    if chunk.text or chunk.thinking or calls:
-        on_chunk(chunk)
+    if message.tool_calls:
+        reply.tool_calls.extend(
+            (call.function.name, dict(call.function.arguments)) for call in message.tool_calls
+        )
+    text, thinking = message.content or "", message.thinking or ""
+    if text or thinking:
+        reply.text += text
+        reply.thinking += thinking
+        on_chunk(text, thinking)
 
 
 def model_is_available(name: str, available: Sequence[str]) -> bool:

@@ -45,15 +45,14 @@ class TurnRecorder(LoopSink):
         self._activity = None
         self.on_change()
 
-    def model_call_finished(self, usage: Usage) -> None:
+    def model_call_finished(self, usage: Usage, message: AssistantMessage | None) -> None:
         self.usage.add(usage)
-        self._store.record_usage(self.turn_id, self.usage)
-
-    def assistant_message(self, message: AssistantMessage) -> None:
-        if self._partial_id is None:
-            self._store.add_assistant_message(self._conversation_id, self.turn_id, message)
-        else:
-            self._store.update_assistant_message(self._partial_id, message)
+        if message is None:
+            self._store.record_usage(self.turn_id, self.usage)
+            return
+        self._store.save_assistant_message(
+            self._conversation_id, self.turn_id, message, self._partial_id, usage=self.usage
+        )
         if message.text:
             self._said.append(message.text)
         self._text, self._thinking, self._partial_id = "", "", None
@@ -80,12 +79,9 @@ class TurnRecorder(LoopSink):
         if (self._text, self._thinking) == self._saved:
             return
         partial = AssistantMessage(self._text, self._thinking, partial=True)
-        if self._partial_id is None:
-            self._partial_id = self._store.add_assistant_message(
-                self._conversation_id, self.turn_id, partial
-            )
-        else:
-            self._store.update_assistant_message(self._partial_id, partial)
+        self._partial_id = self._store.save_assistant_message(
+            self._conversation_id, self.turn_id, partial, self._partial_id
+        )
         self._saved = (self._text, self._thinking)
 
 

@@ -240,11 +240,10 @@ class TurnRunner:
         request, agent = turn.request, settings.agent
         conversation, messages = self._conversation(turn.slot, agent)
         assert conversation.id is not None
-        turn_id = self._store.start_turn(conversation.id, request.provenance.value)
-        self._store.add_user_message(conversation.id, turn_id, request.text, request.author)
+        turn_id = self._store.start_turn(
+            conversation.id, request.provenance.value, request.text, request.author
+        )
         messages.append({"role": "user", "content": request.text})
-        if request.inbound_event_id is not None:
-            self._store.mark_inbound(request.inbound_event_id, "answered")
         channel = self._channels[request.platform]
         reply = channel.open_reply(request.place, request.reply_to)
         recorder = TurnRecorder(self._store, conversation.id, turn_id)
@@ -300,8 +299,10 @@ class TurnRunner:
                 conversation = self._store.open_conversation(
                     slot.place, agent.name, agent.system_prompt
                 )
-            assert conversation.id is not None
-            history = history_wire(self._store.history(conversation.id))
+                history = []
+            else:
+                assert conversation.id is not None
+                history = history_wire(self._store.history(conversation.id))
             slot.conversation = conversation
             slot.messages = [{"role": "system", "content": conversation.system_prompt}, *history]
         return slot.conversation, slot.messages

@@ -30,11 +30,10 @@ class Events:
         self.log.append(("text", delta))
         self.saw_text.set()
 
-    def model_call_finished(self, usage: Usage) -> None:
+    def model_call_finished(self, usage: Usage, message: AssistantMessage | None) -> None:
         self.log.append(("usage", usage))
-
-    def assistant_message(self, message: AssistantMessage) -> None:
-        self.log.append(("message", message))
+        if message is not None:
+            self.log.append(("message", message))
 
     def tool_started(self, call: ToolCall) -> None:
         self.log.append(("started", call.name))

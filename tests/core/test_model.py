@@ -5,7 +5,6 @@ Every failure must become one of our errors with a one-line message that says wh
 
 import asyncio
 import socket
-from typing import Any
 
 import pytest
 
@@ -16,19 +15,19 @@ from core.errors import (
     ModelTimeout,
     ModelUnreachable,
 )
-from core.model import ModelClient, ModelSettings, model_is_available
+from core.model import ModelClient, ModelReply, ModelSettings, model_is_available
 from tests.fakes.ollama import Cut, ErrorLine, FakeOllama, HttpError, Pause, Stall, Text
 
 HELLO = [{"role": "user", "content": "hello"}]
 
 
-def ignore(_: Any) -> None:
+def ignore(text: str, thinking: str) -> None:
     pass
 
 
 async def chat(client: ModelClient, model: str = "test-model") -> str:
     async with asyncio.timeout(10):
-        reply = await client.chat(model, HELLO, ignore)
+        reply = await client.chat(model, HELLO, ModelReply(), ignore)
     return reply.text
 
 

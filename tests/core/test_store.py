@@ -99,22 +99,18 @@ def test_inbound_events_are_unique_per_platform(any_store: Store) -> None:
 def test_a_conversation_round_trip(any_store: Store) -> None:
     conversation = any_store.open_conversation("test:place", "assistant", "System.")
     assert conversation.id is not None
-    turn_id = any_store.start_turn(conversation.id, "person")
-    any_store.add_user_message(conversation.id, turn_id, "what time is it?", "ann")
+    turn_id = any_store.start_turn(conversation.id, "person", "what time is it?", "ann")
     call = ToolCall("c1", "current_time", {"timezone": "UTC"})
-    any_store.add_assistant_message(
-        conversation.id, turn_id, AssistantMessage("Checking.", "hm", (call,))
-    )
-    any_store.add_tool_result(conversation.id, turn_id, ToolResult(call, "noon", ToolStatus.OK))
-    partial = any_store.add_assistant_message(
-        conversation.id, turn_id, AssistantMessage("It is", partial=True)
-    )
-    any_store.update_assistant_message(
-        partial, AssistantMessage("It is noon", partial=True, stopped=True)
-    )
     totals = UsageTotals()
     totals.add(Usage(prompt_tokens=10, output_tokens=4, seconds=0.5))
-    any_store.record_usage(turn_id, totals)
+    checking = AssistantMessage("Checking.", "hm", (call,))
+    any_store.save_assistant_message(conversation.id, turn_id, checking, None, usage=totals)
+    any_store.add_tool_result(conversation.id, turn_id, ToolResult(call, "noon", ToolStatus.OK))
+    partial = any_store.save_assistant_message(
+        conversation.id, turn_id, AssistantMessage("It is", partial=True), None
+    )
+    stopped = AssistantMessage("It is noon", partial=True, stopped=True)
+    assert any_store.save_assistant_message(conversation.id, turn_id, stopped, partial) == partial
     any_store.finish_turn(turn_id, "stopped", stop_reason="user")
 
     wire = history_wire(any_store.history(conversation.id))
@@ -163,8 +159,8 @@ def test_sqlite_runs_in_wal_mode(store: Store, sqlite_url: str) -> None:
 def test_turns_left_running_by_a_dead_process_are_marked_interrupted(any_store: Store) -> None:
     conversation = any_store.open_conversation("test:place", "assistant", "System.")
     assert conversation.id is not None
-    crashed = any_store.start_turn(conversation.id, "person")
-    finished = any_store.start_turn(conversation.id, "person")
+    crashed = any_store.start_turn(conversation.id, "person", "hi", None)
+    finished = any_store.start_turn(conversation.id, "person", "hi", None)
     any_store.finish_turn(finished, "done")
 
     assert any_store.close_interrupted_turns() == 1
