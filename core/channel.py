@@ -20,7 +20,8 @@ class ChannelMessage:
     """One inbound message, normalized by its adapter.
 
     `place` is the conversation key (`terminal:<session>`, `telegram:<chat>`, ...); `message_id`
-    is the platform's own id for the message, the basis of deduplication.
+    is the platform's own id for the message, the basis of deduplication. `images` are the bytes
+    of attached pictures (a photo's caption is `text`).
     """
 
     platform: str
@@ -29,6 +30,7 @@ class ChannelMessage:
     author_id: str
     text: str
     author_name: str = ""
+    images: tuple[bytes, ...] = ()
 
 
 class Outcome(StrEnum):

@@ -17,6 +17,13 @@ from core.tables import Turn
 from core.turns import StopReport, TurnRunner
 
 COMMAND_PREFIXES = ("/", "!")
+COMMANDS: tuple[tuple[str, str], ...] = (
+    ("stop", "stop the reply being written and drop queued messages"),
+    ("new", "start a fresh conversation here"),
+    ("usage", "model calls, tokens and seconds of this conversation"),
+    ("help", "list the commands"),
+)
+"""Every command and its one-line summary, for /help and for platforms' command menus."""
 STOP_WAIT_SECONDS = 10.0
 USAGE_TURNS_SHOWN = 20
 
@@ -43,12 +50,13 @@ class Commands:
     def __init__(self, store: Store, runner: TurnRunner) -> None:
         self._store = store
         self._runner = runner
-        self._handlers: dict[str, tuple[Handler, str]] = {
-            "stop": (self._stop, "stop the reply being written and drop queued messages"),
-            "new": (self._new, "start a fresh conversation here"),
-            "usage": (self._usage, "model calls, tokens and seconds of this conversation"),
-            "help": (self._help, "list the commands"),
+        handlers: dict[str, Handler] = {
+            "stop": self._stop,
+            "new": self._new,
+            "usage": self._usage,
+            "help": self._help,
         }
+        self._handlers = {name: (handlers[name], summary) for name, summary in COMMANDS}
 
     async def run(self, message: ChannelMessage, channel: Channel, command: Command) -> None:
         handler = self._handlers.get(command.name, (self._unknown, ""))[0]

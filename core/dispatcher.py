@@ -6,7 +6,8 @@
 2. Apply the access rules; a refused person is told so once per message, and no model is called.
 3. Match commands before anything queues: a command is never sent to the model and never waits
    behind a running turn.
-4. Refuse oversized messages with their size and the limit.
+4. Refuse images the agent's model cannot read, and oversized messages with their size and the
+   limit.
 5. Start a turn as a background task and return at once, so the channel keeps reading.
 """
 
@@ -81,6 +82,15 @@ class Dispatcher:
             self._store.mark_inbound(event_id, "command")
             await self._run_command(message, channel, command)
             return
+        agent = self._runner.settings.agent
+        if message.images and not agent.images:
+            self._store.mark_inbound(event_id, "refused")
+            await channel.notify(
+                message.place,
+                f"I can't see images: {agent.model} does not read them. Send your question as "
+                f"text, or set [agents.{agent.name}].images = true for a vision model.",
+            )
+            return
         if len(message.text) > self._max_chars:
             self._store.mark_inbound(event_id, "refused")
             await channel.notify(
@@ -97,6 +107,7 @@ class Dispatcher:
                 author=message.author_name or message.author_id,
                 reply_to=message.message_id,
                 inbound_event_id=event_id,
+                images=message.images,
             )
         )
 

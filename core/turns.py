@@ -70,6 +70,8 @@ class AgentProfile:
     tools: Mapping[str, Tool]
     think: bool | None = None
     max_iterations: int = 10
+    images: bool = False
+    """Whether the model reads images (a vision model)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class TurnRequest:
     author: str | None = None
     reply_to: str | None = None
     inbound_event_id: int | None = None
+    images: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -243,7 +246,9 @@ class TurnRunner:
         turn_id = self._store.start_turn(
             conversation.id, request.provenance.value, request.text, request.author
         )
-        messages.append({"role": "user", "content": request.text})
+        said = {"role": "user", "content": request.text}
+        messages.append({**said, "images": list(request.images)} if request.images else said)
+        said_at = len(messages) - 1
         channel = self._channels[request.platform]
         reply = channel.open_reply(request.place, request.reply_to)
         recorder = TurnRecorder(self._store, conversation.id, turn_id)
@@ -280,6 +285,7 @@ class TurnRunner:
             outcome, note = Outcome.FAILED, f"internal error ({type(exc).__name__}); see the log"
         else:
             outcome, note = Outcome.DONE, None
+        messages[said_at] = said  # images go to the model with their own turn only
         # invariant 5: records first (synchronous, so no cancellation can tear them) ...
         self._store.finish_turn(turn_id, outcome.value, stop_reason=turn.stop_reason, error=note)
         self._log_turn(request, outcome, recorder, time.monotonic() - started)

@@ -40,7 +40,13 @@ class Bot:
     ollama: FakeOllama
 
     async def send(
-        self, text: str, *, place: str = PLACE, message_id: str | None = None, author: str = "ann"
+        self,
+        text: str,
+        *,
+        place: str = PLACE,
+        message_id: str | None = None,
+        author: str = "ann",
+        images: tuple[bytes, ...] = (),
     ) -> None:
         await self.dispatcher.handle(
             ChannelMessage(
@@ -49,6 +55,7 @@ class Bot:
                 message_id=message_id or f"m{next(MESSAGE_IDS)}",
                 author_id=author,
                 text=text,
+                images=images,
             )
         )
 
@@ -87,6 +94,7 @@ async def make_bot(
         max_message_chars: int = 1000,
         max_cached_conversations: int = 100,
         max_iterations: int = 10,
+        images: bool = False,
         bot_store: Store | None = None,
     ) -> Bot:
         channel = channel or RecordingChannel()
@@ -98,6 +106,7 @@ async def make_bot(
                 system_prompt=SYSTEM_PROMPT,
                 tools={t.name: t for t in chosen},
                 max_iterations=max_iterations,
+                images=images,
             ),
             tool_timeout=5.0,
             max_cached_conversations=max_cached_conversations,

@@ -1,5 +1,6 @@
 """The dispatcher's order of business: dedupe, access, commands, size, then a turn."""
 
+import base64
 import logging
 
 import pytest
@@ -171,3 +172,27 @@ async def test_a_message_during_shutdown_is_left_for_redelivery(bot: Bot) -> Non
 
     assert bot.store.inbound_status("test", "late") is None, "a redelivery will be answered"
     assert bot.channel.replies == []
+
+
+async def test_an_image_for_a_model_that_cannot_see_is_explained(bot: Bot) -> None:
+    await bot.send("what is this?", images=(b"\x89PNG",))
+
+    (notice,) = bot.channel.notices_in(PLACE)
+    assert "test-model does not read them" in notice
+    assert "[agents.assistant].images = true" in notice
+    assert bot.ollama.requests == []
+
+
+async def test_images_reach_a_vision_model_with_their_turn_only(make_bot: BotFactory) -> None:
+    bot = make_bot(images=True)
+    bot.ollama.script(Text("A cat."))
+    bot.ollama.script(Text("Still a cat."))
+
+    await bot.send("what is this?", images=(b"cat-bytes",))
+    await bot.channel.finished()
+    await bot.send("and now?")
+    await bot.channel.finished(2)
+
+    first, second = (request["messages"] for request in bot.ollama.requests)
+    assert first[-1]["images"] == [base64.b64encode(b"cat-bytes").decode()]
+    assert all("images" not in message for message in second)
