@@ -126,7 +126,10 @@ class BenchChannel:
     async def run(self, deliver: Deliver) -> None:
         await asyncio.Event().wait()
 
-    async def stop(self) -> None:
+    async def stop_receiving(self) -> None:
+        pass
+
+    async def close(self) -> None:
         pass
 
     def expect(self, message_id: str, place: str) -> BenchReply:

@@ -10,15 +10,16 @@ stays fast.
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from bot.checks import find_problems
 from bot.config import Config
 from bot.logs import setup_logging
-from channels.terminal import TerminalChannel, TerminalSettings, stdin_lines
+from channels.terminal import TerminalChannel, stdin_lines
 from core.channel import Channel
 from core.dispatcher import AccessRules, Dispatcher
 from core.model import ModelClient
@@ -27,6 +28,8 @@ from core.tools import ToolRegistry, builtin_tools
 from core.turns import AgentProfile, TurnRunner, TurnSettings
 
 logger = logging.getLogger(__name__)
+
+CHANNEL_STOP_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -59,19 +62,30 @@ def turn_settings(config: Config) -> TurnSettings:
     )
 
 
+class Adapter(Channel, Protocol):
+    """A channel as the composition root sees it: it can also say what stops it from working."""
+
+    async def problems(self) -> list[str]: ...
+
+
 async def check(config: Config, output: TextIO = sys.stdout) -> int:
     """`kaiwa check`: print every problem with its fix; non-zero exit if there is any."""
     turn_settings(config)
     model = ModelClient(config.ollama)
+    adapters = _adapters(config, TerminalIO(lines=_no_lines()))
     try:
-        problems = await find_problems(config, model)
+        problems = await find_problems(config, model, adapters)
     finally:
         await model.close()
+        for adapter in adapters:
+            await adapter.close()
     for problem in problems:
         output.write(f"problem: {problem}\n")
     if not problems:
         models = ", ".join(sorted({agent.model for agent in config.agents.values()}))
+        names = ", ".join(adapter.platform for adapter in adapters)
         output.write(f"ok: Ollama at {config.ollama.url} is reachable and has {models}\n")
+        output.write(f"ok: channels ready: {names or 'none'}\n")
     return 1 if problems else 0
 
 
@@ -80,8 +94,9 @@ async def run(config: Config, stop_requested: asyncio.Event, terminal: TerminalI
     setup_logging(config.logging, config.data_dir, config.secrets())
     settings = turn_settings(config)
     model = ModelClient(config.ollama)
+    adapters = _adapters(config, terminal)
     try:
-        problems = await find_problems(config, model)
+        problems = await find_problems(config, model, adapters)
         if problems:
             for problem in problems:
                 logger.error("cannot start: %s", problem)
@@ -94,10 +109,12 @@ async def run(config: Config, stop_requested: asyncio.Event, terminal: TerminalI
                 "marked %d turns left running by an earlier process interrupted", interrupted
             )
         try:
-            await _serve(config, store, model, settings, stop_requested, terminal)
+            await _serve(config, store, model, settings, adapters, stop_requested)
         finally:
             store.close()
     finally:
+        for adapter in adapters:
+            await adapter.close()
         await model.close()
     return 0
 
@@ -107,57 +124,86 @@ async def _serve(
     store: Store,
     model: ModelClient,
     settings: TurnSettings,
+    adapters: list[Adapter],
     stop_requested: asyncio.Event,
-    terminal: TerminalIO,
 ) -> None:
-    channels = _channels(config, terminal)
-    runner = TurnRunner(store, model, {c.platform: c for c in channels}, settings)
-    access = AccessRules({"terminal": None})
+    """Run every channel until one ends or a stop is requested; then stop receiving, let every
+    turn finish its last edit (invariant 7), and only then let the caller close the channels."""
+    channels = {adapter.platform: adapter for adapter in adapters}
+    runner = TurnRunner(store, model, channels, settings)
     dispatcher = Dispatcher(
         store,
         runner,
-        {c.platform: c for c in channels},
-        access,
+        channels,
+        access_rules(config),
         max_message_chars=config.limits.max_message_chars,
     )
     readers = [
-        asyncio.create_task(channel.run(dispatcher.handle), name=f"channel {channel.platform}")
-        for channel in channels
+        asyncio.create_task(adapter.run(dispatcher.handle), name=f"channel {adapter.platform}")
+        for adapter in adapters
     ]
     stop_wait = asyncio.create_task(stop_requested.wait(), name="stop requested")
-    for channel in channels:
-        if isinstance(channel, TerminalChannel):
-            channel.say(
-                f"Kaiwa is ready: {settings.agent.name} on {settings.agent.model}. "
-                "Type a message; /help lists commands; Ctrl-D quits."
-            )
+    _announce_ready(adapters, settings)
     try:
         done, _ = await asyncio.wait([*readers, stop_wait], return_when=asyncio.FIRST_COMPLETED)
         for task in done - {stop_wait}:
-            if task.exception() is not None:
-                logger.error("channel %s failed", task.get_name(), exc_info=task.exception())
+            if not task.cancelled() and task.exception() is not None:
+                logger.error("%s failed: %s", task.get_name(), task.exception())
+                sys.stderr.write(f"kaiwa: {task.get_name()} failed: {task.exception()}\n")
     finally:
-        for channel in channels:
-            await channel.stop()
-        for task in [*readers, stop_wait]:
+        for adapter in adapters:
+            await adapter.stop_receiving()
+        _, stuck = await asyncio.wait([*readers, stop_wait], timeout=CHANNEL_STOP_SECONDS)
+        for task in stuck:
             task.cancel()
         await asyncio.gather(*readers, stop_wait, return_exceptions=True)
         await runner.shutdown()
 
 
-def _channels(config: Config, terminal: TerminalIO) -> list[Channel]:
-    channels: list[Channel] = []
-    settings = config.channels.terminal
-    if settings.enabled:
-        channels.append(
+def access_rules(config: Config) -> AccessRules:
+    telegram = config.channels.telegram
+    allowed_on_telegram = None if telegram.anyone else frozenset(map(str, telegram.allowed_users))
+    return AccessRules({"terminal": None, "telegram": allowed_on_telegram})
+
+
+def _announce_ready(adapters: list[Adapter], settings: TurnSettings) -> None:
+    names = ", ".join(adapter.platform for adapter in adapters)
+    logger.info("ready: %s on %s; channels: %s", settings.agent.name, settings.agent.model, names)
+    for adapter in adapters:
+        if isinstance(adapter, TerminalChannel):
+            adapter.say(
+                f"Kaiwa is ready: {settings.agent.name} on {settings.agent.model}. "
+                "Type a message; /help lists commands; Ctrl-D quits."
+            )
+
+
+def _adapters(config: Config, terminal: TerminalIO) -> list[Adapter]:
+    """The configured channels. A platform without its token is not started (and its library
+    is not even imported)."""
+    adapters: list[Adapter] = []
+    if config.channels.terminal.enabled:
+        adapters.append(
             TerminalChannel(
                 terminal.lines or stdin_lines(),
                 terminal.output or sys.stdout,
-                TerminalSettings(
-                    session=settings.session,
-                    show_thinking=settings.show_thinking,
-                    show_tools=settings.show_tools,
-                ),
+                config.channels.terminal,
             )
         )
-    return channels
+    telegram = config.channels.telegram
+    token = os.environ.get(telegram.token_env)
+    if telegram.enabled and token:
+        from channels.telegram import TelegramChannel
+
+        if not telegram.anyone and not telegram.allowed_users:
+            logger.warning(
+                "Telegram is on but nobody may use it: set [channels.telegram].allowed_users "
+                "(user ids) or anyone = true"
+            )
+        adapters.append(TelegramChannel(telegram, token))
+    return adapters
+
+
+async def _no_lines() -> AsyncIterator[str]:
+    """`kaiwa check` reads nothing."""
+    return
+    yield

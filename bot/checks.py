@@ -1,5 +1,7 @@
 """Start-up checks shared by `kaiwa check` and `kaiwa run`: each problem comes with its fix."""
 
+from collections.abc import Sequence
+from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from bot.config import Config
@@ -7,19 +9,31 @@ from core.errors import ModelError
 from core.model import ModelClient, model_is_available
 
 
-async def find_problems(config: Config, model: ModelClient) -> list[str]:
-    problems = _timezone_problems(config)
+class Checkable(Protocol):
+    async def problems(self) -> list[str]: ...
+
+
+async def find_problems(
+    config: Config, model: ModelClient, channels: Sequence[Checkable] = ()
+) -> list[str]:
+    """Every problem that would stop Kaiwa from working, each with its fix."""
+    problems = _timezone_problems(config) + await _model_problems(config, model)
+    for channel in channels:
+        problems += await channel.problems()
+    return problems
+
+
+async def _model_problems(config: Config, model: ModelClient) -> list[str]:
     try:
         available = await model.list_models()
     except ModelError as exc:
-        return [*problems, str(exc)]
+        return [str(exc)]
     wanted = sorted({agent.model for agent in config.agents.values()})
-    problems += [
+    return [
         f"model {name} not found: run `ollama pull {name}`"
         for name in wanted
         if not model_is_available(name, available)
     ]
-    return problems
 
 
 def _timezone_problems(config: Config) -> list[str]:

@@ -1,10 +1,11 @@
 """Configuration: a TOML file checked strictly against typed dataclasses.
 
-The dataclasses below (and `core.model.ModelSettings` for [ollama]) are the embedded defaults;
-`config.toml` at the top of the repository spells out the same defaults with a comment on every
-key (a test keeps the two equal). Every key is checked at start-up: an unknown key or a value of
-the wrong type fails naming the key and the expected type, before anything starts. Secrets never
-live in the file: a `*_env` key names the environment variable that holds one.
+The dataclasses below (with `core.model.ModelSettings` for [ollama] and `channels.settings` for
+[channels.*]) are the embedded defaults; `config.toml` at the top of the repository spells out
+the same defaults with a comment on every key (a test keeps the two equal). Every key is checked
+at start-up: an unknown key or a value of the wrong type fails naming the key and the expected
+type, before anything starts. Secrets never live in the file: a `*_env` key names the
+environment variable that holds one.
 
 Which file: `--config PATH`, else `$KAIWA_CONFIG`, else `./config.toml` if present, else the
 embedded defaults. Relative paths in the file are relative to the file's folder.
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from channels.settings import TelegramSettings, TerminalSettings
 from core.errors import ConfigError
 from core.model import ModelSettings
 
@@ -69,16 +71,9 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
-class TerminalConfig:
-    enabled: bool = True
-    session: str = "local"
-    show_thinking: bool = True
-    show_tools: bool = True
-
-
-@dataclass(frozen=True)
 class ChannelsConfig:
-    terminal: TerminalConfig = field(default_factory=TerminalConfig)
+    terminal: TerminalSettings = field(default_factory=TerminalSettings)
+    telegram: TelegramSettings = field(default_factory=TelegramSettings)
 
 
 @dataclass(frozen=True)
@@ -104,7 +99,7 @@ class Config:
 
     def secrets(self) -> list[str]:
         """Values of every environment variable the config names as holding a secret."""
-        names = [self.storage.database_url_env]
+        names = [self.storage.database_url_env, self.channels.telegram.token_env]
         return [os.environ[name] for name in names if os.environ.get(name)]
 
 
@@ -195,6 +190,9 @@ def _checked(config: Config) -> Config:
         "limits.tool_timeout": config.limits.tool_timeout,
         "limits.max_cached_conversations": config.limits.max_cached_conversations,
         "logging.max_bytes": config.logging.max_bytes,
+        "channels.terminal.frame_interval": config.channels.terminal.frame_interval,
+        "channels.telegram.edit_interval": config.channels.telegram.edit_interval,
+        "channels.telegram.poll_timeout": config.channels.telegram.poll_timeout,
     }
     for name, agent in config.agents.items():
         positive[f"agents.{name}.max_iterations"] = agent.max_iterations

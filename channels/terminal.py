@@ -15,21 +15,13 @@ import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import TextIO
 
+from channels.settings import TerminalSettings
 from core.channel import ChannelMessage, ChannelTraits, Deliver, Frame, Outcome, Reply
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 REPLY_LABEL = "kaiwa> "
-
-
-@dataclass(frozen=True)
-class TerminalSettings:
-    session: str = "local"
-    show_thinking: bool = True
-    show_tools: bool = True
-    frame_interval: float = 0.05
 
 
 class TerminalChannel:
@@ -50,8 +42,18 @@ class TerminalChannel:
         self.traits = ChannelTraits(frame_interval=settings.frame_interval)
         self.place = f"terminal:{settings.session}"
         self._run_id = uuid.uuid4().hex[:12]
+        self._reader: asyncio.Task[None] | None = None
+        self._stopping = False
 
     async def run(self, deliver: Deliver) -> None:
+        self._reader = asyncio.current_task()
+        try:
+            await self._read(deliver)
+        except asyncio.CancelledError:
+            if not self._stopping or self._reader.uncancel() > 0:  # someone else's cancellation
+                raise
+
+    async def _read(self, deliver: Deliver) -> None:
         count = 0
         async for line in self._lines:
             text = line.strip()
@@ -69,8 +71,18 @@ class TerminalChannel:
                 )
             )
 
-    async def stop(self) -> None:
-        """Nothing to close: the reader thread is a daemon and ends with the process."""
+    async def problems(self) -> list[str]:
+        """Nothing can be wrong with a terminal that `kaiwa check` could find."""
+        return []
+
+    async def stop_receiving(self) -> None:
+        """Interrupt the read of the next line (a blocked read of stdin cannot be woken)."""
+        self._stopping = True
+        if self._reader is not None and self._reader is not asyncio.current_task():
+            self._reader.cancel()
+
+    async def close(self) -> None:
+        """Nothing to release: the reader thread is a daemon and ends with the process."""
 
     def open_reply(self, place: str, reply_to: str | None) -> Reply:
         return TerminalReply(self._write, self._dim, self._settings)

@@ -71,10 +71,17 @@ class Channel(Protocol):
     traits: ChannelTraits
 
     async def run(self, deliver: Deliver) -> None:
-        """Receive messages and hand each to `deliver` until the channel ends or is stopped."""
+        """Receive messages and hand each to `deliver`; return when the channel ends by itself
+        (end of input) or soon after `stop_receiving`. Replies still work after it returns."""
         ...
 
-    async def stop(self) -> None: ...
+    async def stop_receiving(self) -> None:
+        """Take no more messages: the first step of shutting down."""
+        ...
+
+    async def close(self) -> None:
+        """Release the platform connection; called once every turn has sent its last edit."""
+        ...
 
     def open_reply(self, place: str, reply_to: str | None) -> Reply:
         """Start a reply in `place`; nothing need be visible until the first frame."""

@@ -8,6 +8,7 @@ the person reading the conversation: what went wrong, then how to fix it.
     KaiwaError
     ├── ConfigError            a setting is wrong; names the key and the expected type
     ├── StoreError             the database cannot be opened or migrated
+    ├── ChannelError           a platform refused to start a channel (a wrong token, ...)
     ├── ModelError             a model request did not produce a reply
     │   ├── ModelUnreachable   Ollama is not listening at the configured URL
     │   ├── ModelNotFound      the model is not pulled
@@ -28,6 +29,10 @@ class ConfigError(KaiwaError):
 
 class StoreError(KaiwaError):
     """The database cannot be opened or migrated; the message names the setting to check."""
+
+
+class ChannelError(KaiwaError):
+    """A platform refused to start a channel; the message names the setting to fix."""
 
 
 class ModelError(KaiwaError):

@@ -63,7 +63,10 @@ async def test_check_passes_when_the_model_is_there(ollama: FakeOllama, tmp_path
         await kaiwa("--config", str(write_config(tmp_path, ollama.url)), "check")
     )
     assert code == 0
-    assert out == f"ok: Ollama at {ollama.url} is reachable and has test-model\n"
+    assert out == (
+        f"ok: Ollama at {ollama.url} is reachable and has test-model\n"
+        "ok: channels ready: terminal\n"
+    )
 
 
 async def test_check_names_the_model_to_pull(ollama: FakeOllama, tmp_path: Path) -> None:

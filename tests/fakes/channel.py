@@ -48,7 +48,10 @@ class RecordingChannel:
     async def run(self, deliver: Deliver) -> None:
         await asyncio.Event().wait()
 
-    async def stop(self) -> None:
+    async def stop_receiving(self) -> None:
+        pass
+
+    async def close(self) -> None:
         pass
 
     def open_reply(self, place: str, reply_to: str | None) -> "_Reply":

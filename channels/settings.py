@@ -1,0 +1,32 @@
+"""Each channel's settings, in a module that imports no platform library.
+
+The configuration loader reads `[channels.<name>]` straight into these dataclasses, so every
+setting has one definition; keeping them apart from the adapters means loading the config (and
+starting a terminal-only bot) never pays for importing python-telegram-bot and friends.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TerminalSettings:
+    enabled: bool = True
+    session: str = "local"
+    show_thinking: bool = True
+    show_tools: bool = True
+    frame_interval: float = 0.05
+
+
+@dataclass(frozen=True)
+class TelegramSettings:
+    enabled: bool = True
+    token_env: str = "KAIWA_TELEGRAM_TOKEN"
+    allowed_users: list[int] = field(default_factory=list)
+    anyone: bool = False
+    groups: bool = False
+    show_thinking: bool = True
+    show_tools: bool = True
+    edit_interval: float = 1.0
+    poll_timeout: int = 30
+    base_url: str = "https://api.telegram.org/bot"
+    base_file_url: str = "https://api.telegram.org/file/bot"
