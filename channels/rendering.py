@@ -1,0 +1,163 @@
+"""How a reply appears on a chat platform, shared by every adapter that edits messages in place.
+
+An adapter supplies a `Transport` (send a message, edit one, show "typing", each in the
+platform's own markup and with its own error mapping); `StreamingReply` does the rest, the same
+way everywhere:
+- The reply is one message that grows: the first frame with something to show sends it, later
+  frames edit it. The turn's frame pump already paces frames (the channel's `frame_interval`,
+  about one a second for Telegram), so each frame costs at most one edit of the last message.
+- Past the platform's length limit the text continues in follow-up messages (`split_message`:
+  paragraph or line boundaries, code fences closed and reopened). Pieces are recomputed from the
+  whole text each time; a piece only changes while it is the last one, so earlier messages are
+  not edited again.
+- A rate limit (`RateLimited`) delays the next call by what the platform asked. Frames that
+  arrive meanwhile are skipped, not queued: the first call after the wait shows the newest state,
+  so edits coalesce and the final text is never lost. `finish` waits out the limit and keeps
+  trying until the final text is shown.
+- Thinking and tool activity appear as one status line under the text while the reply streams,
+  and never in the final text. A stopped reply ends with "(stopped)"; a failed one with its reason.
+- "Typing…" shows from the moment the reply opens until the first text is visible.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from channels.formatting import split_message
+from core.channel import Frame, Outcome
+
+logger = logging.getLogger(__name__)
+
+STOPPED_MARK = "(stopped)"
+TYPING_REFRESH_SECONDS = 4.0
+TYPING_GIVE_UP_SECONDS = 300.0
+FINISH_ATTEMPTS = 10
+
+
+class RateLimited(Exception):
+    """The platform asked us to wait `retry_after` seconds before the next call."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"rate limited; retry after {retry_after:g} s")
+        self.retry_after = retry_after
+
+
+class Transport(Protocol):
+    """One place on one platform (a chat, a thread), in the platform's own terms."""
+
+    limit: int
+    measure: Callable[[str], int]
+
+    async def send(self, text: str) -> str:
+        """Post a new message with `text` (Markdown); return its id. May raise RateLimited."""
+        ...
+
+    async def edit(self, message_id: str, text: str) -> None:
+        """Replace a message's text (Markdown). May raise RateLimited."""
+        ...
+
+    async def typing(self) -> None:
+        """Show that the bot is working (a platform may let this lapse after a few seconds)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    show_thinking: bool = True
+    show_tools: bool = True
+
+
+@dataclass
+class _Shown:
+    message_id: str
+    text: str
+
+
+class StreamingReply:
+    def __init__(self, transport: Transport, settings: RenderSettings) -> None:
+        self._transport = transport
+        self._settings = settings
+        self._shown: list[_Shown] = []
+        self._quiet_until = 0.0
+        self._typing = asyncio.create_task(self._keep_typing(), name="typing indicator")
+
+    async def update(self, frame: Frame) -> None:
+        body = _with_status(frame.text, self._status(frame))
+        if not body:
+            return
+        self._stop_typing()
+        if asyncio.get_running_loop().time() < self._quiet_until:
+            return  # still rate limited: a later frame (or `finish`) shows this and more
+        try:
+            await self._show(body)
+        except RateLimited as limited:
+            self._keep_quiet(limited)
+
+    async def finish(self, text: str, outcome: Outcome, note: str | None) -> None:
+        self._stop_typing()
+        final = final_text(text, outcome, note)
+        for _ in range(FINISH_ATTEMPTS):
+            await asyncio.sleep(max(0.0, self._quiet_until - asyncio.get_running_loop().time()))
+            try:
+                await self._show(final)
+                return
+            except RateLimited as limited:
+                self._keep_quiet(limited)
+        logger.error("gave up showing a reply's final text after %d rate limits", FINISH_ATTEMPTS)
+
+    def _keep_quiet(self, limited: RateLimited) -> None:
+        logger.info("rate limited: next edit in %g s, showing everything then", limited.retry_after)
+        self._quiet_until = asyncio.get_running_loop().time() + limited.retry_after
+
+    async def _show(self, text: str) -> None:
+        """Make the platform show `text`: edit what changed, send what is new."""
+        pieces = split_message(text, self._transport.limit, self._transport.measure)
+        for index, piece in enumerate(pieces):
+            if index < len(self._shown):
+                shown = self._shown[index]
+                if shown.text != piece:
+                    await self._transport.edit(shown.message_id, piece)
+                    shown.text = piece
+            else:
+                self._shown.append(_Shown(await self._transport.send(piece), piece))
+
+    def _status(self, frame: Frame) -> str:
+        if frame.activity and self._settings.show_tools:
+            return frame.activity
+        if frame.thinking and self._settings.show_thinking and not frame.text:
+            return "thinking…"
+        return ""
+
+    async def _keep_typing(self) -> None:
+        """Until the first text shows: the platform's indicator, refreshed before it lapses."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(TYPING_GIVE_UP_SECONDS):
+                while True:
+                    try:
+                        await self._transport.typing()
+                    except Exception as exc:  # a missing indicator is not worth a failed reply
+                        logger.debug("typing indicator failed: %s", exc)
+                    await asyncio.sleep(TYPING_REFRESH_SECONDS)
+
+    def _stop_typing(self) -> None:
+        self._typing.cancel()
+
+
+def final_text(text: str, outcome: Outcome, note: str | None) -> str:
+    """The reply's last form: the answer, then the stop mark or the failure reason."""
+    if outcome is Outcome.STOPPED:
+        return f"{text} {STOPPED_MARK}" if text else STOPPED_MARK
+    if outcome is Outcome.FAILED:
+        reason = f"⚠️ {note}" if note else "⚠️ the reply failed"
+        return f"{text}\n\n{reason}" if text else reason
+    return text
+
+
+def _with_status(text: str, status: str) -> str:
+    if not status:
+        return text
+    line = f"_{status}_"
+    return f"{text}\n\n{line}" if text else line

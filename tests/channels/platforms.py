@@ -1,0 +1,122 @@
+"""Each platform as the conformance suite sees it: a real adapter on its real client library,
+talking to the platform's fake on 127.0.0.1, wired to the whole turn path and the fake Ollama.
+
+A platform harness knows how a person speaks on that platform and how to read what the bot
+shows there; the suite in test_conformance.py asks for the same behaviours of every platform.
+Slack and Discord add a class here and join the `platform` fixture's parameters.
+"""
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import pytest
+
+from channels.settings import TelegramSettings
+from channels.telegram import TelegramChannel
+from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
+from tests.harness import Bot, BotFactory
+
+ANN, BOB, MALLORY = 1001, 1002, 6666
+ALLOWED = frozenset({str(ANN), str(BOB)})
+
+
+class Platform(Protocol):
+    name: str
+    limit: int
+    bot: Bot
+
+    def place(self, chat: int) -> str: ...
+    def say(self, chat: int, text: str, *, user: int | None = None) -> str:
+        """A person writes in `chat`; returns the platform's id of the message."""
+        ...
+
+    def say_again(self, chat: int, message_id: str) -> None:
+        """The platform delivers the same message a second time."""
+        ...
+
+    def shown(self, chat: int) -> list[str]:
+        """What a person sees from the bot in `chat`, one entry per message, oldest first."""
+        ...
+
+    def edit_times(self, chat: int) -> list[float]: ...
+    def rate_limit_next_edit(self, retry_after: int) -> None: ...
+    def fences_intact(self, chat: int) -> bool:
+        """Every bot message in `chat` has its code formatting whole (nothing leaked as text)."""
+        ...
+
+    async def wait_until(self, condition: Callable[[], object], what: str) -> None: ...
+
+
+class TelegramPlatform:
+    name = "telegram"
+    limit = 4096
+
+    def __init__(self, fake: FakeTelegram, bot: Bot) -> None:
+        self.fake = fake
+        self.bot = bot
+
+    def place(self, chat: int) -> str:
+        return f"telegram:{chat}"
+
+    def say(self, chat: int, text: str, *, user: int | None = None) -> str:
+        update = self.fake.user_message(chat, text, user_id=user or chat)
+        return str(update["message"]["message_id"])
+
+    def say_again(self, chat: int, message_id: str) -> None:
+        original = self.fake._user_messages[chat][int(message_id)]  # the same message, re-sent
+        self.fake.push_update({"message": dict(original)})
+
+    def shown(self, chat: int) -> list[str]:
+        return [message.visible for message in self.fake.sent(chat)]
+
+    def edit_times(self, chat: int) -> list[float]:
+        return [
+            call.at
+            for call in self.fake.calls_to("editMessageText")
+            if int(call.params["chat_id"]) == chat and call.error is None
+        ]
+
+    def rate_limit_next_edit(self, retry_after: int) -> None:
+        self.fake.fail_next("editMessageText", status=429, retry_after=retry_after)
+
+    def fences_intact(self, chat: int) -> bool:
+        formatted = [m for m in self.fake.sent(chat) if "```" in m.visible]
+        return not formatted and all(m.parse_mode == "HTML" for m in self.fake.sent(chat))
+
+    async def wait_until(self, condition: Callable[[], object], what: str) -> None:
+        await self.fake.wait_until(condition, what=what)
+
+
+async def telegram_platform(
+    make_bot: BotFactory, *, edit_interval: float = 0.05, **settings: Any
+) -> AsyncIterator[TelegramPlatform]:
+    """A running Telegram channel on the fake Bot API; stops in the order the app does."""
+    async with FakeTelegram() as fake:
+        channel = TelegramChannel(
+            TelegramSettings(
+                base_url=fake.base_url,
+                base_file_url=fake.base_file_url,
+                edit_interval=edit_interval,
+                poll_timeout=1,
+                **settings,
+            ),
+            BOT_TOKEN,
+        )
+        bot = make_bot(channel=channel, allowed=ALLOWED)
+        reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+        await fake.wait_until(lambda: fake.calls_to("getUpdates"), what="the first poll")
+        try:
+            yield TelegramPlatform(fake, bot)
+        finally:
+            await channel.stop_receiving()
+            await asyncio.wait_for(reading, 10)
+            await bot.runner.shutdown()
+            await channel.close()
+
+
+@pytest.fixture(params=["telegram"])
+async def platform(request: pytest.FixtureRequest, make_bot: BotFactory) -> AsyncIterator[Platform]:
+    factories = {"telegram": telegram_platform}
+    async for running in factories[request.param](make_bot):
+        yield running

@@ -1,0 +1,130 @@
+"""StreamingReply on a recording transport: growth by edits, overflow, rate limits, marks."""
+
+import asyncio
+
+import pytest
+
+from channels.rendering import RateLimited, RenderSettings, StreamingReply, final_text
+from core.channel import Frame, Outcome
+
+
+class Board:
+    """A platform as a list of messages; `limited` makes the next calls raise RateLimited."""
+
+    limit = 50
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self.calls: list[str] = []
+        self.typing_shown = asyncio.Event()
+        self.limited: list[float] = []
+
+    @staticmethod
+    def measure(text: str) -> int:
+        return len(text)
+
+    async def send(self, text: str) -> str:
+        self._maybe_limit("send")
+        self.messages.append(text)
+        return str(len(self.messages) - 1)
+
+    async def edit(self, message_id: str, text: str) -> None:
+        self._maybe_limit("edit")
+        self.messages[int(message_id)] = text
+
+    async def typing(self) -> None:
+        self.calls.append("typing")
+        self.typing_shown.set()
+
+    def _maybe_limit(self, call: str) -> None:
+        self.calls.append(call)
+        if self.limited:
+            raise RateLimited(self.limited.pop(0))
+
+
+@pytest.fixture
+def board() -> Board:
+    return Board()
+
+
+async def test_a_reply_grows_in_one_message(board: Board) -> None:
+    reply = StreamingReply(board, RenderSettings())
+    await reply.update(Frame("Hello"))
+    await reply.update(Frame("Hello there"))
+    await reply.finish("Hello there.", Outcome.DONE, None)
+
+    assert board.messages == ["Hello there."]
+    assert [c for c in board.calls if c != "typing"] == ["send", "edit", "edit"]
+
+
+async def test_typing_shows_until_the_first_text(board: Board) -> None:
+    reply = StreamingReply(board, RenderSettings())
+    await board.typing_shown.wait()
+    await reply.update(Frame("Hi"))
+    await reply.finish("Hi", Outcome.DONE, None)
+    assert board.calls[0] == "typing"
+
+
+async def test_overflow_continues_in_a_new_message_and_keeps_fences(board: Board) -> None:
+    text = "First paragraph here.\n\n```py\nprint(1)\nprint(2)\nprint(3)\nprint(4)\n```"
+    reply = StreamingReply(board, RenderSettings())
+    await reply.update(Frame(text[:30]))
+    await reply.finish(text, Outcome.DONE, None)
+
+    assert len(board.messages) >= 2
+    assert all(len(message) <= Board.limit for message in board.messages)
+    assert all(message.count("```") % 2 == 0 for message in board.messages)
+
+
+async def test_status_line_shows_while_streaming_but_not_at_the_end(board: Board) -> None:
+    reply = StreamingReply(board, RenderSettings())
+    await reply.update(Frame("", thinking="hmm"))
+    assert board.messages == ["_thinking…_"]
+    await reply.update(Frame("Answer", activity="using current_time…"))
+    assert board.messages == ["Answer\n\n_using current_time…_"]
+    await reply.finish("Answer", Outcome.DONE, None)
+    assert board.messages == ["Answer"]
+
+
+async def test_status_line_can_be_switched_off(board: Board) -> None:
+    reply = StreamingReply(board, RenderSettings(show_thinking=False, show_tools=False))
+    await reply.update(Frame("", thinking="hmm"))
+    await reply.update(Frame("Answer", activity="using current_time…"))
+    await reply.finish("Answer", Outcome.DONE, None)
+    assert board.messages == ["Answer"]
+
+
+async def test_a_rate_limit_skips_frames_until_it_ends(board: Board) -> None:
+    reply = StreamingReply(board, RenderSettings())
+    await reply.update(Frame("one"))
+    board.limited = [60]
+    await reply.update(Frame("one two"))
+    await reply.update(Frame("one two three"))
+    assert board.messages == ["one"]
+    assert board.calls.count("edit") == 1, "no call while the platform asked us to wait"
+
+
+async def test_finish_waits_out_a_rate_limit_then_shows_everything(board: Board) -> None:
+    reply = StreamingReply(board, RenderSettings())
+    await reply.update(Frame("one"))
+    board.limited = [0.05]
+    await reply.update(Frame("one two"))
+    started = asyncio.get_running_loop().time()
+    await reply.finish("one two three", Outcome.DONE, None)
+    assert asyncio.get_running_loop().time() - started >= 0.05
+    assert board.messages == ["one two three"]
+
+
+async def test_finish_retries_until_the_final_text_is_shown(board: Board) -> None:
+    reply = StreamingReply(board, RenderSettings())
+    await reply.update(Frame("partial"))
+    board.limited = [0.01, 0.01]
+    await reply.finish("partial and final", Outcome.DONE, None)
+    assert board.messages == ["partial and final"]
+
+
+def test_final_marks() -> None:
+    assert final_text("Half", Outcome.STOPPED, None) == "Half (stopped)"
+    assert final_text("", Outcome.STOPPED, None) == "(stopped)"
+    assert final_text("Half", Outcome.FAILED, "model gone") == "Half\n\n⚠️ model gone"
+    assert final_text("Done.", Outcome.DONE, None) == "Done."
