@@ -52,6 +52,7 @@ def turn_settings(config: Config) -> TurnSettings:
         tools=registry.select(agent.tools, config_key=f"agents.{name}.tools"),
         think=agent.think,
         max_iterations=agent.max_iterations,
+        images=agent.images,
     )
     for other, spec in config.agents.items():
         registry.select(spec.tools, config_key=f"agents.{other}.tools")

@@ -44,6 +44,7 @@ class AgentConfig:
     model: str = "qwen3:4b"
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     think: bool = False
+    images: bool = False
     tools: list[str] = field(default_factory=lambda: ["current_time"])
     max_iterations: int = 10
 

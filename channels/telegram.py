@@ -124,7 +124,7 @@ class TelegramChannel:
         """What `kaiwa check` reports for Telegram: a token Telegram does not accept."""
         try:
             async with asyncio.timeout(30):
-                await self._app.bot.get_me()
+                await self._app.bot.initialize()  # asks getMe; `run` will not ask again
         except InvalidToken:
             return [_token_problem(self._settings)]
         except (TelegramError, TimeoutError) as exc:
@@ -158,6 +158,7 @@ class TelegramChannel:
             if self._app.running:
                 await self._app.stop()
         await self._app.shutdown()
+        await self._app.bot.shutdown()  # an app that never initialized leaves this to us
 
     def open_reply(self, place: str, reply_to: str | None) -> Reply:
         chat_id = _chat_id(place)

@@ -10,6 +10,7 @@ import pytest
 
 from core.store import Store
 from tests.fakes.ollama import FakeOllama, Pause, Text
+from tests.fakes.telegram import FakeTelegram
 
 WAIT_SECONDS = 20.0
 READY = "Kaiwa is ready"
@@ -26,7 +27,9 @@ def write_config(tmp_path: Path, url: str, model: str = "test-model") -> Path:
     return path
 
 
-async def kaiwa(*args: str, stdin: int | None = None) -> asyncio.subprocess.Process:
+async def kaiwa(
+    *args: str, stdin: int | None = None, env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -35,7 +38,7 @@ async def kaiwa(*args: str, stdin: int | None = None) -> asyncio.subprocess.Proc
         stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "KAIWA_CONFIG": ""},
+        env={**os.environ, "KAIWA_CONFIG": "", **(env or {})},
     )
 
 
@@ -74,6 +77,28 @@ async def test_check_names_the_model_to_pull(ollama: FakeOllama, tmp_path: Path)
     code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
     assert code == 1
     assert out == "problem: model qwen3:4b not found: run `ollama pull qwen3:4b`\n"
+
+
+async def test_check_names_a_telegram_token_that_is_wrong(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    async with FakeTelegram() as telegram:
+        config = write_config(tmp_path, ollama.url)
+        config.write_text(
+            config.read_text()
+            + f'\n[channels.telegram]\nbase_url = "{telegram.base_url}"\n'
+            + f'base_file_url = "{telegram.base_file_url}"\n'
+        )
+        process = await kaiwa(
+            "--config", str(config), "check", env={"KAIWA_TELEGRAM_TOKEN": "999:wrong-token"}
+        )
+        code, out, _ = await finish(process)
+    assert code == 1
+    assert out == (
+        "problem: Telegram rejected the bot token in $KAIWA_TELEGRAM_TOKEN (401 Unauthorized): "
+        "copy the token @BotFather gave you into that variable\n"
+    )
+    assert "wrong-token" not in out
 
 
 async def test_run_refuses_to_start_without_ollama(tmp_path: Path) -> None:

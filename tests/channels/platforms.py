@@ -7,6 +7,7 @@ Slack and Discord add a class here and join the `platform` fixture's parameters.
 """
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -88,11 +89,21 @@ class TelegramPlatform:
         await self.fake.wait_until(condition, what=what)
 
 
+@contextlib.asynccontextmanager
 async def telegram_platform(
-    make_bot: BotFactory, *, edit_interval: float = 0.05, **settings: Any
+    make_bot: BotFactory,
+    *,
+    fake: FakeTelegram | None = None,
+    token: str = BOT_TOKEN,
+    vision: bool = False,
+    edit_interval: float = 0.05,
+    **settings: Any,
 ) -> AsyncIterator[TelegramPlatform]:
-    """A running Telegram channel on the fake Bot API; stops in the order the app does."""
-    async with FakeTelegram() as fake:
+    """A running Telegram channel on the fake Bot API (a new one unless `fake` is given);
+    stops in the order the app does."""
+    async with contextlib.AsyncExitStack() as stack:
+        if fake is None:
+            fake = await stack.enter_async_context(FakeTelegram())
         channel = TelegramChannel(
             TelegramSettings(
                 base_url=fake.base_url,
@@ -101,11 +112,12 @@ async def telegram_platform(
                 poll_timeout=1,
                 **settings,
             ),
-            BOT_TOKEN,
+            token,
         )
-        bot = make_bot(channel=channel, allowed=ALLOWED)
+        bot = make_bot(channel=channel, allowed=ALLOWED, images=vision)
         reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
-        await fake.wait_until(lambda: fake.calls_to("getUpdates"), what="the first poll")
+        polls = len(fake.calls_to("getUpdates"))
+        await fake.wait_until(lambda: len(fake.calls_to("getUpdates")) > polls, what="a poll")
         try:
             yield TelegramPlatform(fake, bot)
         finally:
@@ -118,5 +130,5 @@ async def telegram_platform(
 @pytest.fixture(params=["telegram"])
 async def platform(request: pytest.FixtureRequest, make_bot: BotFactory) -> AsyncIterator[Platform]:
     factories = {"telegram": telegram_platform}
-    async for running in factories[request.param](make_bot):
+    async with factories[request.param](make_bot) as running:
         yield running

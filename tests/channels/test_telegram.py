@@ -1,0 +1,191 @@
+"""Telegram beyond the shared conformance suite: what only Telegram has, through the real
+python-telegram-bot against the fake Bot API and the fake Ollama."""
+
+import base64
+
+import pytest
+
+from channels.settings import TelegramSettings
+from channels.telegram import TelegramChannel
+from core.commands import COMMANDS
+from core.errors import ChannelError
+from tests.channels.platforms import ANN, BOB, telegram_platform
+from tests.fakes.ollama import Pause, Text
+from tests.fakes.telegram import FakeTelegram
+from tests.harness import BotFactory
+
+GROUP = -100500
+
+
+async def test_start_up_registers_the_commands_and_a_reply_shows_typing_first(
+    make_bot: BotFactory,
+) -> None:
+    async with telegram_platform(make_bot) as telegram:
+        fake = telegram.fake
+        telegram.bot.ollama.script(Pause("slow"), Text("Here."))
+        telegram.say(ANN, "hi")
+        await fake.wait_until(lambda: fake.calls_to("sendChatAction"), what="typing")
+        telegram.bot.ollama.release("slow")
+        await telegram.wait_until(lambda: telegram.shown(ANN) == ["Here."], "the reply")
+
+    assert fake.commands == [{"command": name, "description": text} for name, text in COMMANDS]
+    methods = [call.method for call in fake.calls if call.method != "getUpdates"]
+    assert methods.index("sendChatAction") < methods.index("sendMessage")
+    assert fake.calls_to("sendChatAction")[0].params["action"] == "typing"
+
+
+async def test_the_reply_answers_the_persons_message(make_bot: BotFactory) -> None:
+    async with telegram_platform(make_bot) as telegram:
+        telegram.bot.ollama.script(Text("Answer."))
+        asked = telegram.say(ANN, "question")
+        await telegram.wait_until(lambda: telegram.shown(ANN) == ["Answer."], "the reply")
+        (reply,) = telegram.fake.sent(ANN)
+    assert reply.reply_to == int(asked)
+
+
+async def test_two_chats_stream_at_the_same_time(make_bot: BotFactory) -> None:
+    async with telegram_platform(make_bot) as telegram:
+        ollama = telegram.bot.ollama
+        ollama.script(Text("Ann, part one"), Pause("ann"), Text(", part two."))
+        ollama.script(Text("Bob, part one"), Pause("bob"), Text(", part two."))
+        telegram.say(ANN, "hello")
+        await telegram.wait_until(lambda: telegram.shown(ANN), "Ann's first part")
+        telegram.say(BOB, "hello")
+
+        await telegram.wait_until(
+            lambda: (
+                telegram.shown(ANN) == ["Ann, part one"]
+                and telegram.shown(BOB) == ["Bob, part one"]
+            ),
+            "both replies streaming at once",
+        )
+        ollama.release("bob")
+        ollama.release("ann")
+        await telegram.wait_until(
+            lambda: (
+                telegram.shown(ANN) == ["Ann, part one, part two."]
+                and telegram.shown(BOB) == ["Bob, part one, part two."]
+            ),
+            "both replies complete",
+        )
+
+
+async def test_a_429_storm_delays_but_loses_nothing(make_bot: BotFactory) -> None:
+    async with telegram_platform(make_bot) as telegram:
+        fake, ollama = telegram.fake, telegram.bot.ollama
+        ollama.script(Text("Storm"), Pause("storm"), Text(" over, every word kept."))
+        telegram.say(ANN, "go")
+        await telegram.wait_until(lambda: telegram.shown(ANN) == ["Storm"], "the first part")
+        fake.fail_next("editMessageText", retry_after=1, times=2)
+        ollama.release("storm")
+
+        await telegram.wait_until(
+            lambda: telegram.shown(ANN) == ["Storm over, every word kept."], "the whole reply"
+        )
+    edits = fake.calls_to("editMessageText")
+    refused = [index for index, call in enumerate(edits) if call.error is not None]
+    assert len(refused) == 2
+    for index in refused:
+        assert edits[index + 1].at - edits[index].at >= 0.99, "the next try waited as asked"
+    assert telegram.bot.assistant_text(telegram.place(ANN)) == "Storm over, every word kept."
+
+
+async def test_formatting_telegram_rejects_is_sent_as_plain_text(make_bot: BotFactory) -> None:
+    async with telegram_platform(make_bot) as telegram:
+        fake = telegram.fake
+        fake.fail_next(
+            "sendMessage",
+            status=400,
+            description="Bad Request: can't parse entities: unsupported start tag at byte offset 3",
+        )
+        telegram.bot.ollama.script(Text("**Bold** claim."))
+        telegram.say(ANN, "go")
+        await telegram.wait_until(lambda: telegram.shown(ANN), "the reply")
+        (message,) = fake.sent(ANN)
+    assert message.parse_mode is None
+    assert message.visible == "**Bold** claim."
+
+
+async def test_a_restart_does_not_answer_a_redelivered_message_again(
+    make_bot: BotFactory,
+) -> None:
+    async with FakeTelegram() as fake:
+        async with telegram_platform(make_bot, fake=fake) as first:
+            first.bot.ollama.script(Text("Answered once."))
+            first.say(ANN, "hello")
+            await first.wait_until(lambda: first.shown(ANN) == ["Answered once."], "the reply")
+            original = dict(fake.sent(ANN)[0].__dict__)
+        async with telegram_platform(make_bot, fake=fake) as second:
+            user_message_id = original["reply_to"]
+            second.say_again(ANN, str(user_message_id))
+            second.say(ANN, "/usage")
+            await second.wait_until(lambda: len(second.shown(ANN)) == 2, "the /usage answer")
+    assert len(first.bot.ollama.requests) == 1, "the redelivered message reached no model"
+    assert second.shown(ANN)[1].startswith("Usage of this conversation (1 turns)")
+
+
+async def test_a_wrong_token_is_named_at_start_up(make_bot: BotFactory) -> None:
+    async with FakeTelegram() as fake:
+        settings = TelegramSettings(base_url=fake.base_url, base_file_url=fake.base_file_url)
+        channel = TelegramChannel(settings, "999:wrong")
+        problems = await channel.problems()
+        with pytest.raises(ChannelError, match=r"rejected the bot token in \$KAIWA_TELEGRAM_TOKEN"):
+            await channel.run(make_bot(channel=channel).dispatcher.handle)
+        await channel.close()
+    assert problems == [
+        "Telegram rejected the bot token in $KAIWA_TELEGRAM_TOKEN (401 Unauthorized): copy the "
+        "token @BotFather gave you into that variable"
+    ]
+
+
+async def test_group_chats_are_ignored_unless_enabled(make_bot: BotFactory) -> None:
+    async with telegram_platform(make_bot) as telegram:
+        telegram.fake.user_message(GROUP, "@kaiwa_test_bot hello", user_id=ANN, chat_type="group")
+        telegram.say(ANN, "/help")
+        await telegram.wait_until(lambda: telegram.shown(ANN), "the /help answer")
+    assert telegram.fake.sent(GROUP) == []
+    assert telegram.bot.ollama.requests == []
+
+
+async def test_in_enabled_groups_only_mentions_and_replies_are_answered(
+    make_bot: BotFactory,
+) -> None:
+    mention = "@kaiwa_test_bot"
+    async with telegram_platform(make_bot, groups=True) as telegram:
+        fake, ollama = telegram.fake, telegram.bot.ollama
+        ollama.script(Text("You called?"))
+        ollama.script(Text("Replying to your reply."))
+        fake.user_message(GROUP, "just chatting", user_id=ANN, chat_type="group")
+        fake.user_message(
+            GROUP,
+            f"{mention} what time is it",
+            user_id=ANN,
+            chat_type="group",
+            entities=[{"type": "mention", "offset": 0, "length": len(mention)}],
+        )
+        await telegram.wait_until(lambda: telegram.shown(GROUP) == ["You called?"], "answer")
+        answer = fake.sent(GROUP)[0].message_id
+        fake.user_message(
+            GROUP, "and tomorrow?", user_id=BOB, chat_type="group", reply_to_bot_message=answer
+        )
+        await telegram.wait_until(lambda: len(telegram.shown(GROUP)) == 2, "the second answer")
+    asked = [request["messages"][-1]["content"] for request in ollama.requests]
+    assert asked == ["what time is it", "and tomorrow?"]
+
+
+async def test_a_photo_with_a_caption_reaches_a_vision_model(make_bot: BotFactory) -> None:
+    async with telegram_platform(make_bot, vision=True) as telegram:
+        telegram.bot.ollama.script(Text("A red square."))
+        telegram.fake.user_photo(ANN, caption="what is this?", file_bytes=b"red-square-bytes")
+        await telegram.wait_until(lambda: telegram.shown(ANN) == ["A red square."], "the reply")
+    sent = telegram.bot.ollama.requests[0]["messages"][-1]
+    assert sent["content"] == "what is this?"
+    assert sent["images"] == [base64.b64encode(b"red-square-bytes").decode()]
+
+
+async def test_a_photo_for_a_model_without_vision_is_explained(make_bot: BotFactory) -> None:
+    async with telegram_platform(make_bot) as telegram:
+        telegram.fake.user_photo(ANN, caption="what is this?")
+        await telegram.wait_until(lambda: telegram.shown(ANN), "the explanation")
+    assert "does not read them" in telegram.shown(ANN)[0]
+    assert telegram.bot.ollama.requests == []
