@@ -146,6 +146,18 @@ class StreamingReply:
         self._typing.cancel()
 
 
+async def send_notice(transport: Transport, text: str) -> None:
+    """A standalone message (a command's answer, a refusal), split at the limit, sent in full
+    even through rate limits."""
+    for piece in split_message(text, transport.limit, transport.measure):
+        for _ in range(FINISH_ATTEMPTS):
+            try:
+                await transport.send(piece)
+                break
+            except RateLimited as limited:
+                await asyncio.sleep(limited.retry_after)
+
+
 def final_text(text: str, outcome: Outcome, note: str | None) -> str:
     """The reply's last form: the answer, then the stop mark or the failure reason."""
     if outcome is Outcome.STOPPED:

@@ -29,7 +29,7 @@ from telegram.error import BadRequest, InvalidToken, RetryAfter, TelegramError
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
 from channels.formatting import telegram_html, utf16_len
-from channels.rendering import RateLimited, RenderSettings, StreamingReply
+from channels.rendering import RateLimited, RenderSettings, StreamingReply, send_notice
 from channels.settings import TelegramSettings
 from core.channel import ChannelMessage, ChannelTraits, Deliver, Reply
 from core.commands import COMMANDS
@@ -167,8 +167,7 @@ class TelegramChannel:
         return StreamingReply(transport, self._render)
 
     async def notify(self, place: str, text: str) -> None:
-        with _mapped_errors():
-            await self._app.bot.send_message(_chat_id(place), text)
+        await send_notice(TelegramTransport(self._app, _chat_id(place), None), text)
 
     async def _on_message(self, update: Update, _: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.effective_message

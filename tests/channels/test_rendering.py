@@ -4,7 +4,13 @@ import asyncio
 
 import pytest
 
-from channels.rendering import RateLimited, RenderSettings, StreamingReply, final_text
+from channels.rendering import (
+    RateLimited,
+    RenderSettings,
+    StreamingReply,
+    final_text,
+    send_notice,
+)
 from core.channel import Frame, Outcome
 
 
@@ -128,3 +134,11 @@ def test_final_marks() -> None:
     assert final_text("", Outcome.STOPPED, None) == "(stopped)"
     assert final_text("Half", Outcome.FAILED, "model gone") == "Half\n\n⚠️ model gone"
     assert final_text("Done.", Outcome.DONE, None) == "Done."
+
+
+async def test_a_notice_is_sent_in_full_through_a_rate_limit(board: Board) -> None:
+    board.limited = [0.01]
+    await send_notice(board, "word " * 20)
+    assert len(board.messages) >= 2
+    assert all(len(message) <= Board.limit for message in board.messages)
+    assert "".join(board.messages).count("word") == 20
