@@ -4,8 +4,9 @@ An adapter supplies a `Transport` (send a message, edit one, show "typing", each
 platform's own markup and with its own error mapping); `StreamingReply` does the rest, the same
 way everywhere:
 - The reply is one message that grows: the first frame with something to show sends it, later
-  frames edit it. The turn's frame pump already paces frames (the channel's `frame_interval`,
-  about one a second for Telegram), so each frame costs at most one edit of the last message.
+  frames edit it. The turn's frame pump paces frames (the channel's `frame_interval`, about one
+  a second for Telegram), and the reply itself keeps `min_interval` between two changes, the
+  final one included: a stream that ends just after an edit waits out the interval first.
 - Past the platform's length limit the text continues in follow-up messages (`split_message`:
   paragraph or line boundaries, code fences closed and reopened). Pieces are recomputed from the
   whole text each time; a piece only changes while it is the last one, so earlier messages are
@@ -68,6 +69,8 @@ class Transport(Protocol):
 class RenderSettings:
     show_thinking: bool = True
     show_tools: bool = True
+    min_interval: float = 0.0
+    """Shortest time between two calls that change the reply (the platform's edit rate)."""
 
 
 @dataclass
@@ -90,39 +93,48 @@ class StreamingReply:
             return
         self._stop_typing()
         if asyncio.get_running_loop().time() < self._quiet_until:
-            return  # still rate limited: a later frame (or `finish`) shows this and more
+            return  # too soon (an interval or a rate limit): a later frame or `finish` shows it
         try:
-            await self._show(body)
+            await self._show(self._pieces(body))
         except RateLimited as limited:
-            self._keep_quiet(limited)
+            self._keep_quiet(limited.retry_after)
 
     async def finish(self, text: str, outcome: Outcome, note: str | None) -> None:
         self._stop_typing()
-        final = final_text(text, outcome, note)
+        pieces = self._pieces(final_text(text, outcome, note))
         for _ in range(FINISH_ATTEMPTS):
+            if pieces == [shown.text for shown in self._shown]:
+                return
             await asyncio.sleep(max(0.0, self._quiet_until - asyncio.get_running_loop().time()))
             try:
-                await self._show(final)
+                await self._show(pieces)
                 return
             except RateLimited as limited:
-                self._keep_quiet(limited)
+                logger.info("rate limited: trying again in %g s", limited.retry_after)
+                self._keep_quiet(limited.retry_after)
         logger.error("gave up showing a reply's final text after %d rate limits", FINISH_ATTEMPTS)
 
-    def _keep_quiet(self, limited: RateLimited) -> None:
-        logger.info("rate limited: next edit in %g s, showing everything then", limited.retry_after)
-        self._quiet_until = asyncio.get_running_loop().time() + limited.retry_after
+    def _keep_quiet(self, seconds: float) -> None:
+        until = asyncio.get_running_loop().time() + seconds
+        self._quiet_until = max(self._quiet_until, until)
 
-    async def _show(self, text: str) -> None:
-        """Make the platform show `text`: edit what changed, send what is new."""
-        pieces = split_message(text, self._transport.limit, self._transport.measure)
+    def _pieces(self, text: str) -> list[str]:
+        return split_message(text, self._transport.limit, self._transport.measure)
+
+    async def _show(self, pieces: list[str]) -> None:
+        """Make the platform show `pieces`: edit what changed, send what is new."""
+        called = False
         for index, piece in enumerate(pieces):
             if index < len(self._shown):
                 shown = self._shown[index]
                 if shown.text != piece:
                     await self._transport.edit(shown.message_id, piece)
-                    shown.text = piece
+                    shown.text, called = piece, True
             else:
                 self._shown.append(_Shown(await self._transport.send(piece), piece))
+                called = True
+        if called:
+            self._keep_quiet(self._settings.min_interval)
 
     def _status(self, frame: Frame) -> str:
         if frame.activity and self._settings.show_tools:

@@ -104,7 +104,9 @@ class TelegramChannel:
 
     def __init__(self, settings: TelegramSettings, token: str) -> None:
         self._settings = settings
-        self._render = RenderSettings(settings.show_thinking, settings.show_tools)
+        self._render = RenderSettings(
+            settings.show_thinking, settings.show_tools, min_interval=settings.edit_interval
+        )
         self.traits = ChannelTraits(frame_interval=settings.edit_interval)
         self._app = (
             Application.builder()

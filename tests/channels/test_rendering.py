@@ -142,3 +142,24 @@ async def test_a_notice_is_sent_in_full_through_a_rate_limit(board: Board) -> No
     assert len(board.messages) >= 2
     assert all(len(message) <= Board.limit for message in board.messages)
     assert "".join(board.messages).count("word") == 20
+
+
+async def test_the_final_edit_keeps_the_interval_too(board: Board) -> None:
+    """Regression: the last edit of a stream used to come as soon as the stream ended, sooner
+    than the platform's edit interval after the previous edit."""
+    reply = StreamingReply(board, RenderSettings(min_interval=0.05))
+    loop = asyncio.get_running_loop()
+    await reply.update(Frame("one"))
+    shown_at = loop.time()
+    await reply.update(Frame("one two"))
+    assert board.messages == ["one"], "a frame inside the interval is skipped"
+    await reply.finish("one two three", Outcome.DONE, None)
+    assert loop.time() - shown_at >= 0.05
+    assert board.messages == ["one two three"]
+
+
+async def test_finish_with_nothing_new_makes_no_call(board: Board) -> None:
+    reply = StreamingReply(board, RenderSettings(min_interval=60))
+    await reply.update(Frame("all of it"))
+    await reply.finish("all of it", Outcome.DONE, None)
+    assert board.calls.count("edit") == 0
