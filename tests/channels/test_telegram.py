@@ -43,6 +43,28 @@ async def test_the_reply_answers_the_persons_message(make_bot: BotFactory) -> No
     assert reply.reply_to == int(asked)
 
 
+async def test_a_9000_character_reply_with_code_across_the_limit_is_three_intact_messages(
+    make_bot: BotFactory,
+) -> None:
+    prose = "Some explanation before the code, in plain words. " * 50
+    code = "\n".join(f"total = total + {n}  # add the next number" for n in range(100))
+    answer = f"{prose}\n\n```python\n{code}\n```\n\n{prose}"
+    assert 8500 < len(answer) < 9500
+    async with telegram_platform(make_bot) as telegram:
+        telegram.bot.ollama.script(Text(answer, chunks=30))
+        telegram.say(ANN, "explain")
+        await telegram.wait_until(
+            lambda: "".join(telegram.shown(ANN)).count("Some explanation") == 100, "all of it"
+        )
+        first, second, third = telegram.fake.sent(ANN)
+    assert first.text.endswith("</code></pre>"), "the block is closed where the message ends"
+    assert second.text.startswith('<pre><code class="language-python">'), "and reopened"
+    assert all(m.parse_mode == "HTML" for m in (first, second, third))
+    shown = "".join(m.visible for m in (first, second, third))
+    assert shown.count("total = total +") == 100
+    assert telegram.bot.assistant_text(telegram.place(ANN)) == answer
+
+
 async def test_two_chats_stream_at_the_same_time(make_bot: BotFactory) -> None:
     async with telegram_platform(make_bot) as telegram:
         ollama = telegram.bot.ollama
