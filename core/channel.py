@@ -21,7 +21,8 @@ class ChannelMessage:
 
     `place` is the conversation key (`terminal:<session>`, `telegram:<chat>`, ...); `message_id`
     is the platform's own id for the message, the basis of deduplication. `images` are the bytes
-    of attached pictures (a photo's caption is `text`).
+    of attached pictures (a photo's caption is `text`). `room` is the platform's channel or chat
+    id, for access rules that name rooms.
     """
 
     platform: str
@@ -31,6 +32,7 @@ class ChannelMessage:
     text: str
     author_name: str = ""
     images: tuple[bytes, ...] = ()
+    room: str = ""
 
 
 class Outcome(StrEnum):

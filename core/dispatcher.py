@@ -25,15 +25,28 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class AccessRules:
-    """Who may talk to the bot, per platform: a set of user ids, or None for anyone."""
+    """Who may talk to the bot, per platform: a set of user ids, or None for anyone; and, where a
+    platform has rooms (channels, chats), optionally the rooms it answers in (absent: any)."""
 
     allowed: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
+    rooms: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
-    def allows(self, message: ChannelMessage) -> bool:
-        if message.platform not in self.allowed:
-            return False
-        users = self.allowed[message.platform]
-        return users is None or message.author_id in users
+    def refusal(self, message: ChannelMessage) -> str | None:
+        """Why `message` is refused, in words for the person, or None if it is allowed."""
+        key = f"[channels.{message.platform}]"
+        users = self.allowed.get(message.platform, frozenset())
+        if users is not None and message.author_id not in users:
+            return (
+                "Sorry, you are not allowed to use this bot. Ask its operator to add your user "
+                f"id {message.author_id} to {key}.allowed_users."
+            )
+        rooms = self.rooms.get(message.platform)
+        if rooms is not None and message.room not in rooms:
+            return (
+                f"Sorry, this bot does not answer here. Its operator can add this channel "
+                f"({message.room}) to {key}.allowed_channels."
+            )
+        return None
 
 
 class Dispatcher:
@@ -63,19 +76,16 @@ class Dispatcher:
             logger.info("duplicate %s message %s ignored", *_origin(message))
             return
         channel = self._channels[message.platform]
-        if not self._access.allows(message):
+        refusal = self._access.refusal(message)
+        if refusal is not None:
             self._store.mark_inbound(event_id, "refused")
             logger.warning(
-                "refused a message from %s user %s in %s (not on the allow-list)",
+                "refused a message from %s user %s in %s (not on the allow-lists)",
                 message.platform,
                 message.author_id,
                 message.place,
             )
-            await channel.notify(
-                message.place,
-                f"Sorry, you are not allowed to use this bot. Ask its operator to add your user "
-                f"id {message.author_id} to [channels.{message.platform}].allowed_users.",
-            )
+            await channel.notify(message.place, refusal)
             return
         command = parse_command(message.text)
         if command is not None:

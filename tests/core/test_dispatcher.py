@@ -5,11 +5,17 @@ import logging
 
 import pytest
 
-from core.channel import Outcome
+from core.channel import ChannelMessage, Outcome
 from core.commands import parse_command
+from core.dispatcher import AccessRules, Dispatcher
+from core.model import ModelClient
 from core.store import Store
-from tests.fakes.ollama import Done, Pause, Text
+from core.turns import AgentProfile, TurnRunner, TurnSettings
+from tests.fakes.channel import RecordingChannel
+from tests.fakes.ollama import Done, FakeOllama, Pause, Text
 from tests.harness import PLACE, SYSTEM_PROMPT, Bot, BotFactory
+
+AGENT = AgentProfile(name="assistant", model="test-model", system_prompt="", tools={})
 
 
 async def test_a_duplicate_message_id_is_answered_once(bot: Bot) -> None:
@@ -124,6 +130,22 @@ async def test_a_stranger_is_refused_without_a_model_call(
     assert "not allowed" in notice and "mallory" in notice
     assert bot.ollama.requests == []
     assert "refused a message from test user mallory" in caplog.text
+
+
+async def test_a_room_not_on_the_list_is_refused(
+    store: Store, model: ModelClient, ollama: FakeOllama
+) -> None:
+    channel = RecordingChannel()
+    runner = TurnRunner(store, model, {"test": channel}, TurnSettings(agent=AGENT))
+    rules = AccessRules({"test": None}, rooms={"test": frozenset({"C-ok"})})
+    dispatcher = Dispatcher(store, runner, {"test": channel}, rules, max_message_chars=100)
+
+    await dispatcher.handle(ChannelMessage("test", PLACE, "m1", "ann", "hi", room="C-other"))
+    await runner.shutdown()
+
+    (notice,) = channel.notices_in(PLACE)
+    assert "does not answer here" in notice and "allowed_channels" in notice
+    assert ollama.requests == []
 
 
 async def test_new_starts_a_fresh_conversation(bot: Bot) -> None:
