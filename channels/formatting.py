@@ -12,19 +12,22 @@ own measure, so the limit holds by construction. A piece is decided by the text 
 and nothing after, so a growing reply only ever changes its last piece (give or take a trailing
 newline that may yet turn out to be a paragraph break).
 
-The converter reads lines first (fences, headings, quotes), then each line's inline markup
+The converters (Telegram HTML, Slack mrkdwn) share their passes and differ only in what they
+write: they read lines first (fences, headings, quotes), then each line's inline markup
 through a stack of open emphasis spans. A delimiter that never meets its partner is folded back
 into literal text, which is what makes a half-streamed reply safe: whatever the input, the output
-is escaped text inside properly nested tags of the kinds Telegram allows. Inline markup never
-crosses a line, so one stray `*` cannot restyle the rest of a reply. The splitter and the
-converter find fences with the same code, so they never disagree about what is code.
+is escaped text inside properly nested tags of the kinds Telegram allows (or, for Slack, escaped
+text with no markup but its own). Inline markup never crosses a line, so one stray `*` cannot
+restyle the rest of a reply. The splitter and the converters find fences with the same code, so
+they never disagree about what is code.
 """
 
 import html
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate, groupby, takewhile
+from typing import Protocol
 
 
 def utf16_len(text: str) -> int:
@@ -221,18 +224,20 @@ def _longest_fit(fits: Callable[[int], bool], start: int, stop: int, step: int) 
     return low
 
 
-# --- Markdown to Telegram HTML -----------------------------------------------------------------
+# --- Markdown to platform markup ---------------------------------------------------------------
 
 _HEADING = re.compile(r"#{1,6}[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*")
 _QUOTE = re.compile(r"^>(?: |$)")
 _BULLET = re.compile(r"[ \t]*\*[ \t]+")  # "* item": the star is a list marker, not emphasis
+_LIST_ITEM = re.compile(r"([ \t]*)[-*][ \t]+")  # "- item" or "* item", and its indentation
 _LINK = re.compile(
     r"\[((?:[^\[\]]|\[[^\[\]]*\])*)\]"  # the text, which may hold one level of brackets
     r"\((https?://(?:[^\s()<>]|\([^\s()<>]*\))+)\)"  # the URL, which may hold (parentheses)
 )
 _INLINE = re.compile(
     r"(?P<code>`+)"
-    # A bare URL is left alone (Telegram links it itself), so a `_` or `*` in it styles nothing.
+    # A bare URL is left alone (the platform links it itself), so a `_` or `*` in it styles
+    # nothing.
     r"|(?P<url>https?://[^\s<>]*[^\s<>*_~.,;:!?'\")\]])"
     r"|(?P<link>\[)"
     r"|(?P<delimiter>\*+|_+|~+)"
@@ -250,6 +255,94 @@ _OPENS = {
 }
 
 
+def _convert(
+    markdown: str,
+    code_block: Callable[[str, list[str]], str],
+    text_lines: Callable[[list[str]], Iterable[str]],
+) -> str:
+    """The line pass both converters share: each fenced code block (`code_block` of its info
+    string and body lines, even while its fence is still open) and the lines between them."""
+    lines = markdown.split("\n")
+    parts: list[str] = []
+    done = 0
+    for first, last, opener in _code_blocks(lines):
+        parts.extend(text_lines(lines[done:first]))
+        parts.append(code_block(opener[2], lines[first + 1 : last]))
+        done = last + 1
+    parts.extend(text_lines(lines[done:]))
+    return "\n".join(parts)
+
+
+def _escape(text: str) -> str:
+    """&, < and > as entities: all that Telegram HTML text and Slack mrkdwn text both need."""
+    return html.escape(text, quote=False)
+
+
+@dataclass
+class _Span:
+    marker: str
+    before: str = " "  # the character before the run that opened it
+    parts: list[str] = field(default_factory=list)
+
+
+class _Markup(Protocol):
+    """What one platform makes of inline Markdown. Text is escaped the same way for both."""
+
+    def span(self, span: _Span, inner: str, enclosing: frozenset[str], after: str) -> str:
+        """A closed emphasis span, around its converted `inner` text; `enclosing` holds the tags
+        of the spans around it, and `after` is the character after its closing run."""
+        ...
+
+    def code(self, code: str) -> str:
+        """An inline code span, its text already escaped."""
+        ...
+
+    def link(self, label: str, url: str) -> str:
+        """A link, its text already converted; the URL as written."""
+        ...
+
+
+class _HTML:
+    def span(self, span: _Span, inner: str, enclosing: frozenset[str], after: str) -> str:
+        tag = _TAGS[span.marker]
+        return f"<{tag}>{inner}</{tag}>"
+
+    def code(self, code: str) -> str:
+        return f"<code>{code}</code>"
+
+    def link(self, label: str, url: str) -> str:
+        return f'<a href="{html.escape(url)}">{label or _escape(url)}</a>'
+
+
+_MRKDWN_MARKS = {"b": "*", "i": "_", "s": "~"}
+
+
+class _Mrkdwn:
+    def span(self, span: _Span, inner: str, enclosing: frozenset[str], after: str) -> str:
+        tag = _TAGS[span.marker]
+        if tag in enclosing:
+            return inner  # "*a *b* c*" would end the outer span early; it is bold already
+        if span.before.isalnum() or after.isalnum():
+            # Slack styles no part of a word: "2*3*4" as "2_3_4" would show the wrong marks.
+            return f"{span.marker}{inner}{span.marker}"
+        mark = _MRKDWN_MARKS[tag]
+        return f"{mark}{inner}{mark}"
+
+    def code(self, code: str) -> str:
+        return f"`{code}`"
+
+    def link(self, label: str, url: str) -> str:
+        target = _escape(url).replace("|", "%7C")  # a "|" would end the URL early
+        return f"<{target}|{label}>" if label else f"<{target}>"
+
+
+_TO_HTML = _HTML()
+_TO_MRKDWN = _Mrkdwn()
+
+
+# --- Telegram HTML -----------------------------------------------------------------------------
+
+
 def telegram_html(markdown: str) -> str:
     """The Markdown a model writes, as Telegram HTML (parse_mode="HTML").
 
@@ -259,15 +352,7 @@ def telegram_html(markdown: str) -> str:
     List markers stay text. Whatever does not pair up (a lone ** mid-stream) stays literal, so
     the output is always escaped text in well-nested b, i, s, code, pre, a and blockquote tags.
     """
-    lines = markdown.split("\n")
-    parts: list[str] = []
-    done = 0
-    for first, last, opener in _code_blocks(lines):
-        parts.extend(_text_html(lines[done:first]))
-        parts.append(_code_block_html(opener[2], lines[first + 1 : last]))
-        done = last + 1
-    parts.extend(_text_html(lines[done:]))
-    return "\n".join(parts)
+    return _convert(markdown, _code_block_html, _text_html)
 
 
 def visible_text(html_text: str) -> str:
@@ -277,10 +362,6 @@ def visible_text(html_text: str) -> str:
     for entity, character in (("&lt;", "<"), ("&gt;", ">"), ("&quot;", '"'), ("&amp;", "&")):
         text = text.replace(entity, character)
     return text
-
-
-def _escape(text: str) -> str:
-    return html.escape(text, quote=False)
 
 
 def _code_block_html(info: str, body: list[str]) -> str:
@@ -302,26 +383,73 @@ def _text_html(lines: list[str]) -> Iterator[str]:
 
 def _line_html(line: str) -> str:
     if heading := _HEADING.fullmatch(line):
-        return f"<b>{_inline_html(heading[1])}</b>"
+        return f"<b>{_inline(heading[1], _TO_HTML)}</b>"
     bullet = _BULLET.match(line)
     marker = bullet.group() if bullet else ""
-    return marker + _inline_html(line[len(marker) :])
+    return marker + _inline(line[len(marker) :], _TO_HTML)
 
 
-def _inline_html(text: str, in_link: bool = False) -> str:
-    """One line's inline Markdown as HTML. In a link's text (`in_link`) Telegram allows neither
-    another link nor code, so those stay plain text there."""
-    spans = _Spans()
+# --- Slack mrkdwn ------------------------------------------------------------------------------
+
+
+def slack_mrkdwn(markdown: str) -> str:
+    """The Markdown a model writes, as Slack mrkdwn (the `text` of chat.postMessage / chat.update).
+
+    Only &, < and > are escaped, in code too. **bold** and __bold__ become *bold*; *italic* and
+    _italic_ _italic_; ~~strike~~ ~strike~; [text](http…) <http…|text>. A bare URL and inline
+    `code` stay as they are. A fenced block is a ``` block without its language line (Slack
+    would show it as code), even while its fence is still open; a heading is its text in *…* on
+    its own line; "> " lines stay quotes; "- " and "* " list markers become "• ", numbers stay.
+    Whatever does not pair up stays literal, and so does emphasis inside a word, which Slack
+    would not show; a span inside one of its own kind loses its marks, which Slack cannot nest.
+    Outside the links and a quote's leading ">", the output has no bare &, < or >.
+    """
+    return _convert(markdown, _code_block_mrkdwn, _text_mrkdwn)
+
+
+def _code_block_mrkdwn(info: str, body: list[str]) -> str:
+    return "\n".join(["```", *map(_escape, body), "```"])
+
+
+def _text_mrkdwn(lines: list[str]) -> Iterator[str]:
+    for line in lines:
+        if _QUOTE.match(line):
+            yield "> " + _line_mrkdwn(_QUOTE.sub("", line, count=1))
+        else:
+            yield _line_mrkdwn(line)
+
+
+def _line_mrkdwn(line: str) -> str:
+    heading = _HEADING.fullmatch(line)
+    if heading and heading[1].strip():
+        return f"*{_inline(heading[1], _TO_MRKDWN, outer=frozenset('b'))}*"
+    if item := _LIST_ITEM.match(line):
+        return f"{item[1]}• {_inline(line[item.end() :], _TO_MRKDWN)}"
+    return _inline(line, _TO_MRKDWN)
+
+
+# --- Inline Markdown ---------------------------------------------------------------------------
+
+
+def _inline(
+    text: str, markup: _Markup, in_link: bool = False, outer: frozenset[str] = frozenset()
+) -> str:
+    """One line's inline Markdown in `markup`. In a link's text (`in_link`) neither another link
+    nor code is allowed (Telegram refuses them), so those stay plain text there. `outer` holds
+    the tags of spans around the text (a heading's bold)."""
+    spans = _Spans(markup, outer)
     position = 0
     while token := _INLINE.search(text, position):
         spans.add_text(text[position : token.start()])
         position = token.end()
         kind, run = token.lastgroup, token.group()
         if kind == "code" and (closing := _closing_backticks(text, run, position)):
-            spans.add(_code_span_html(text[position : closing.start()], in_link))
+            code = _code_span_text(text[position : closing.start()])
+            spans.add(code if in_link else markup.code(code))
             position = closing.end()
         elif kind == "link" and not in_link and (link := _LINK.match(text, token.start())):
-            spans.add(_link_html(link[1], link[2]))
+            label = _inline(link[1], markup, in_link=True, outer=spans.tags())
+            spans.add(markup.link(label, link[2]))
             position = link.end()
         elif kind == "delimiter":
             before = text[token.start() - 1] if token.start() else " "
@@ -330,7 +458,7 @@ def _inline_html(text: str, in_link: bool = False) -> str:
         else:
             spans.add_text(run)
     spans.add_text(text[position:])
-    return spans.html()
+    return spans.render()
 
 
 def _closing_backticks(text: str, run: str, position: int) -> re.Match[str] | None:
@@ -338,15 +466,11 @@ def _closing_backticks(text: str, run: str, position: int) -> re.Match[str] | No
     return re.compile(f"(?<!`){run}(?!`)").search(text, position)
 
 
-def _code_span_html(code: str, in_link: bool) -> str:
+def _code_span_text(code: str) -> str:
+    """A code span's text, escaped."""
     if code.startswith(" ") and code.endswith(" ") and code.strip():
         code = code[1:-1]  # "`` `x` ``": one space each side only makes room for backticks
-    return _escape(code) if in_link else f"<code>{_escape(code)}</code>"
-
-
-def _link_html(label: str, url: str) -> str:
-    text = _inline_html(label, in_link=True) or _escape(url)
-    return f'<a href="{html.escape(url)}">{text}</a>'
+    return _escape(code)
 
 
 def _flanking(char: str, before: str, after: str) -> tuple[bool, bool]:
@@ -361,50 +485,50 @@ def _flanking(char: str, before: str, after: str) -> tuple[bool, bool]:
     return opens, closes
 
 
-@dataclass
-class _Span:
-    marker: str
-    parts: list[str] = field(default_factory=list)
-
-
 class _Spans:
     """The emphasis spans open so far on a line, innermost last, above a root that never closes.
 
     A closing run closes the nearest open span it can; spans opened inside that one and never
-    closed are folded back into literal text first, so tags always nest properly.
+    closed are folded back into literal text first, so spans always nest properly.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, markup: _Markup, outer: frozenset[str] = frozenset()) -> None:
+        self._markup = markup
+        self._outer = outer
         self._open = [_Span("")]
 
-    def add(self, html_text: str) -> None:
-        self._open[-1].parts.append(html_text)
+    def add(self, converted: str) -> None:
+        self._open[-1].parts.append(converted)
 
     def add_text(self, text: str) -> None:
         self.add(_escape(text))
 
+    def tags(self) -> frozenset[str]:
+        """The tags of the spans open here, and of those around the text."""
+        return self._outer | {_TAGS[span.marker] for span in self._open[1:]}
+
     def delimiter(self, run: str, before: str, after: str) -> None:
         opens, closes = _flanking(run[0], before, after)
         if closes:
-            run = self._close(run)
+            run = self._close(run, after)
         if opens and run in _OPENS:
-            self._open.extend(_Span(marker) for marker in _OPENS[run])
+            self._open.extend(_Span(marker, before) for marker in _OPENS[run])
         else:
             self.add(run)  # whatever did not pair up, if anything, stays literal
 
-    def html(self) -> str:
+    def render(self) -> str:
         while len(self._open) > 1:
             self._fold()
         return "".join(self._open[0].parts)
 
-    def _close(self, run: str) -> str:
+    def _close(self, run: str, after: str) -> str:
         """Close what open spans `run` can, innermost first; returns what is left of the run."""
         while run and (depth := self._closable(run)):
             while len(self._open) > depth + 1:
                 self._fold()
             span = self._open.pop()
-            tag = _TAGS[span.marker]
-            self.add(f"<{tag}>{''.join(span.parts)}</{tag}>")
+            enclosing = self.tags()
+            self.add(self._markup.span(span, "".join(span.parts), enclosing, after))
             run = run[len(span.marker) :]
         return run
 

@@ -1,4 +1,4 @@
-"""Splitting replies at a platform's limit, and the model's Markdown as Telegram HTML."""
+"""Splitting replies at a platform's limit, and the model's Markdown as platform markup."""
 
 import random
 import re
@@ -6,7 +6,13 @@ from html.parser import HTMLParser
 
 import pytest
 
-from channels.formatting import split_message, telegram_html, utf16_len, visible_text
+from channels.formatting import (
+    slack_mrkdwn,
+    split_message,
+    telegram_html,
+    utf16_len,
+    visible_text,
+)
 
 TELEGRAM_LIMIT = 4096
 FENCE_LINE = re.compile(r"^[ \t]*```.*$", re.MULTILINE)
@@ -341,3 +347,154 @@ def test_any_input_gives_valid_html_that_shows_every_letter() -> None:
         assert all(c in remaining for c in expected), (markdown, html)
         # Markup only ever hides characters, so measuring the Markdown bounds the message.
         assert utf16_len(shown) <= utf16_len(markdown), (markdown, html)
+
+
+# --- slack_mrkdwn --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("markdown", "mrkdwn"),
+    [
+        ("**bold** and __bold__", "*bold* and *bold*"),
+        ("*italic* and _italic_", "_italic_ and _italic_"),
+        ("~~gone~~", "~gone~"),
+        ("***both***", "*_both_*"),
+        ("use `x < y`", "use `x &lt; y`"),
+        ("``a `b` c``", "`a `b` c`"),
+        ("[docs](https://x.io/a_(b))", "<https://x.io/a_(b)|docs>"),
+        ("[](https://x.io)", "<https://x.io>"),
+        ("[no](ftp://x.io)", "[no](ftp://x.io)"),
+        ("a * b * c", "a * b * c"),
+        ("snake_case_name and _x_", "snake_case_name and _x_"),
+        ("2*3*4 and foo**bar**baz", "2*3*4 and foo**bar**baz"),  # Slack styles no part of a word
+        ("#hashtag", "#hashtag"),
+    ],
+)
+def test_slack_each_construct(markdown: str, mrkdwn: str) -> None:
+    assert slack_mrkdwn(markdown) == mrkdwn
+
+
+def test_slack_bare_urls_are_left_for_slack_to_link() -> None:
+    assert slack_mrkdwn("see https://x.io/__init__.py and https://x.io/a_b*c*") == (
+        "see https://x.io/__init__.py and https://x.io/a_b*c*"
+    )
+    assert slack_mrkdwn("https://x.io/?a=1&b=2.") == "https://x.io/?a=1&amp;b=2."
+    assert slack_mrkdwn("**at https://x.io/a_b**") == "*at https://x.io/a_b*"
+
+
+def test_slack_nesting() -> None:
+    assert slack_mrkdwn("[**bold** link](https://x.io)") == "<https://x.io|*bold* link>"
+    assert slack_mrkdwn("**see [x](https://x.io)**") == "*see <https://x.io|x>*"
+    assert slack_mrkdwn("**run `a**b` now**") == "*run `a**b` now*", "code inside bold stays code"
+    assert slack_mrkdwn("*a **b** c*") == "_a *b* c_"
+    assert slack_mrkdwn("__a **b** c__") == "*a b c*", "Slack cannot nest bold in bold"
+    assert slack_mrkdwn("**[__x__](https://x.io)**") == "*<https://x.io|x>*"
+    assert slack_mrkdwn("[`code` link](https://x.io)") == "<https://x.io|code link>"
+    assert slack_mrkdwn("*a **b* c**") == "_a **b_ c**", "crossed spans do not cross"
+
+
+def test_slack_escaping() -> None:
+    assert slack_mrkdwn("a < b & c > d") == "a &lt; b &amp; c &gt; d"
+    assert slack_mrkdwn('<script>alert("x") & more</script>') == (
+        '&lt;script&gt;alert("x") &amp; more&lt;/script&gt;'
+    )
+    assert slack_mrkdwn("<!here> <@U123> &lt;") == "&lt;!here&gt; &lt;@U123&gt; &amp;lt;"
+    assert slack_mrkdwn("[a > b](https://x.io/?q=1&r=a|b)") == (
+        "<https://x.io/?q=1&amp;r=a%7Cb|a &gt; b>"
+    ), "a | in the URL would end it early"
+
+
+def test_slack_headings() -> None:
+    assert slack_mrkdwn("# Title\ntext") == "*Title*\ntext"
+    assert slack_mrkdwn("## Plan ##") == "*Plan*"
+    assert slack_mrkdwn("### **Bold** and _it_") == "*Bold and _it_*"
+    assert slack_mrkdwn("> # Quoted") == "> *Quoted*"
+    assert slack_mrkdwn("####### seven") == "####### seven"
+    assert slack_mrkdwn("#  ") == "#  "
+
+
+def test_slack_lists() -> None:
+    markdown = "- one\n* two *it*\n1. three **b**\n  - nested\n10. ten\n-not\n**b** x"
+    assert slack_mrkdwn(markdown) == (
+        "• one\n• two _it_\n1. three *b*\n  • nested\n10. ten\n-not\n*b* x"
+    )
+
+
+def test_slack_quotes() -> None:
+    assert slack_mrkdwn("> one **b**\n> two\n>\nafter") == "> one *b*\n> two\n> \nafter"
+    assert slack_mrkdwn(">not a quote\n> > inner") == "&gt;not a quote\n> &gt; inner"
+
+
+def test_slack_fenced_code_drops_the_language_and_is_only_escaped() -> None:
+    markdown = "Run:\n```python\nif a < b and **c**:\n    print('&')\n```\ndone"
+    assert slack_mrkdwn(markdown) == (
+        "Run:\n```\nif a &lt; b and **c**:\n    print('&amp;')\n```\ndone"
+    )
+    assert slack_mrkdwn("  ```sh title\n_x_\n````") == "```\n_x_\n```"
+    assert slack_mrkdwn("```\n\n```") == "```\n\n```"
+    # Slack cannot nest blocks: the inner fence would end this one early there.
+    assert slack_mrkdwn("````md\n```py\nx\n```\n````") == "```\n```py\nx\n```\n```"
+
+
+def test_slack_a_streaming_prefix_stays_literal_and_its_code_block_closed() -> None:
+    assert slack_mrkdwn("The **answer is `4") == "The **answer is `4"
+    assert slack_mrkdwn("Run:\n```bash\nls -la <dir>") == "Run:\n```\nls -la &lt;dir&gt;\n```"
+    assert slack_mrkdwn("**wait\n```") == "**wait\n```\n```"
+    assert slack_mrkdwn("**so [x](https://x.io") == "**so [x](https://x.io"
+
+
+def slack_fences(mrkdwn: str) -> list[str]:
+    return [line for line in mrkdwn.split("\n") if line == "```"]
+
+
+def test_slack_pieces_of_a_split_reply_are_whole_code_blocks() -> None:
+    code = "\n".join(f"if n < {n}: print(n)  # line {n}" for n in range(200))
+    text = "Intro **text**.\n\n```python\n" + code + "\n```\n\nAfter _that_."
+    assert len(text) > 4000
+
+    pieces = [slack_mrkdwn(piece) for piece in split_message(text, 4000)]
+
+    assert len(pieces) == 2
+    assert pieces[0].startswith("Intro *text*.\n\n```\nif n &lt; 0: print(n)")
+    assert pieces[0].endswith("\n```")
+    assert pieces[1].startswith("```\nif n &lt; ")
+    assert pieces[1].endswith("```\n\nAfter _that_.")
+    assert all(len(slack_fences(piece)) == 2 for piece in pieces)
+
+
+SLACK_LINK = re.compile(r"<(https?://[^\s<>|]+)(?:\|([^<>\n]*))?>")
+SLACK_QUOTE = re.compile(r"^> ", re.MULTILINE)
+SLACK_ENTITY = re.compile(r"&(?:lt|gt|amp);")
+FENCE_OPENER = re.compile(r"^[ \t]*`{3,}[^`\n]*$", re.MULTILINE)
+
+
+def slack_visible(mrkdwn: str) -> str:
+    """Roughly what Slack shows: a link as its text, entities unescaped."""
+    text = SLACK_LINK.sub(lambda link: link[2] if link[2] is not None else link[1], mrkdwn)
+    for entity, character in (("&lt;", "<"), ("&gt;", ">"), ("&amp;", "&")):
+        text = text.replace(entity, character)
+    return text
+
+
+SLACK_FUZZ_TOKENS = [
+    *("a", "b", "c", "7", " ", " ", "\n", "\n", "- ", "1. "),
+    *("*", "**", "* ", "_", "__", "`", "```", "~", "~~"),
+    *("[", "]", "(", ")", "](https://x.io)", "https://x.io/_x_/", "<", ">", "> ", "&", "#", "# "),
+]
+SLACK_FUZZ_LETTERS = "abc7"  # absent from the URLs: a link shows its text, not its URL
+
+
+def test_slack_any_input_is_escaped_and_shows_every_letter() -> None:
+    rng = random.Random(11)
+    for _ in range(3000):
+        markdown = "".join(rng.choice(SLACK_FUZZ_TOKENS) for _ in range(rng.randint(0, 40)))
+
+        mrkdwn = slack_mrkdwn(markdown)
+
+        # A quote's leading ">" and links are the only markup made of &, < or >.
+        unquoted = SLACK_QUOTE.sub("", mrkdwn)
+        bare = SLACK_ENTITY.sub("", SLACK_LINK.sub(r"\1 \2", unquoted))
+        assert not set(bare) & set("<>&"), (markdown, mrkdwn)
+        expected = [c for c in FENCE_OPENER.sub("", markdown) if c in SLACK_FUZZ_LETTERS]
+        remaining = iter(slack_visible(mrkdwn))
+        assert all(c in remaining for c in expected), (markdown, mrkdwn)
