@@ -21,8 +21,8 @@ class ChannelMessage:
 
     `place` is the conversation key (`terminal:<session>`, `telegram:<chat>`, ...); `message_id`
     is the platform's own id for the message, the basis of deduplication. `images` are the bytes
-    of attached pictures (a photo's caption is `text`). `room` is the platform's channel or chat
-    id, for access rules that name rooms.
+    of attached pictures (a photo's caption is `text`). `room` is the platform's channel id, for
+    access rules that name channels; empty for a direct conversation with the bot.
     """
 
     platform: str

@@ -41,7 +41,7 @@ class AccessRules:
                 f"id {message.author_id} to {key}.allowed_users."
             )
         rooms = self.rooms.get(message.platform)
-        if rooms is not None and message.room not in rooms:
+        if rooms is not None and message.room and message.room not in rooms:
             return (
                 f"Sorry, this bot does not answer here. Its operator can add this channel "
                 f"({message.room}) to {key}.allowed_channels."

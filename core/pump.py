@@ -4,7 +4,8 @@ Streaming chunks arrive far faster than any platform accepts edits, so the turn 
 one. The pump wakes when something changed, saves the partial text (so the store is never behind
 the screen), pushes one frame, then rests for the channel's frame interval; whatever changes in
 the meantime is coalesced into the next frame. A failing save or edit is logged, never raised: the
-turn's outcome does not depend on its display.
+turn's outcome does not depend on its display. Closing lets an edit in flight finish (see
+`close`).
 """
 
 import asyncio
@@ -31,6 +32,7 @@ class FramePump:
         self._save = save
         self._interval = interval
         self._wake = asyncio.Event()
+        self._showing: asyncio.Future[None] | None = None
         self._task = asyncio.create_task(self._run(), name=name)
 
     def poke(self) -> None:
@@ -38,9 +40,13 @@ class FramePump:
         self._wake.set()
 
     async def close(self) -> None:
-        """Stop pumping; whatever was last saved stays saved. Safe to call twice."""
+        """Stop pumping. An edit already on its way is let through first: cut short, it could
+        reach the platform while the reply believes it did not, and the reply's last word would
+        then go out as a second message. Safe to call twice."""
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        if self._showing is not None:
+            await asyncio.gather(self._showing, return_exceptions=True)
 
     async def _run(self) -> None:
         while True:
@@ -50,9 +56,11 @@ class FramePump:
                 self._save()
             except Exception:
                 logger.exception("saving the partial reply failed; the reply goes on")
+            self._showing = asyncio.ensure_future(self._reply.update(self._frame()))
             try:
-                await self._reply.update(self._frame())
+                await asyncio.shield(self._showing)
             except Exception:
                 logger.exception("showing the partial reply failed; the reply goes on")
+            self._showing = None
             if self._interval > 0:
                 await asyncio.sleep(self._interval)

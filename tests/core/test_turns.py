@@ -272,6 +272,24 @@ async def test_a_stop_during_the_last_edit_lets_the_reply_finish(make_bot: BotFa
     assert (reply.outcome, reply.text) == (Outcome.DONE, "Complete answer.")
 
 
+async def test_an_edit_in_flight_when_a_turn_ends_finishes_before_the_last_edit(
+    make_bot: BotFactory,
+) -> None:
+    """Regression: ending a turn cancelled the frame pump mid-edit; on a platform where the edit
+    had already landed, the reply's final text then went out as a second message."""
+    bot = make_bot(channel=RecordingChannel(hold_update=True))
+    bot.ollama.script(Text("Partial"), Pause("mid"), Text(" and the rest"))
+
+    await bot.send("go")
+    await bot.channel.updating.wait()
+    assert bot.runner.stop(PLACE).stopped_running
+    bot.channel.release_update()
+    await bot.channel.finished()
+
+    assert bot.channel.calls == ["update started", "update done", "finish"]
+    assert bot.channel.replies[0].outcome is Outcome.STOPPED
+
+
 # -- invariant 6 -------------------------------------------------------------------------------
 
 

@@ -3,7 +3,8 @@
 This is not a fake of a remote service (those speak wire protocols); it is the smallest real
 implementation of our own `Channel` interface. `wait_until` gives handshakes on what is visible,
 so tests never sleep to order events. `hold_finish` makes every reply's last call wait for
-`release_finish()`, to test what a cancellation during the closing notice does.
+`release_finish()`, to test what a cancellation during the closing notice does; `hold_update`
+does the same for frames (`updating`, `release_update()`). `calls` is the order of it all.
 """
 
 import asyncio
@@ -34,7 +35,12 @@ class RecordedReply:
 
 class RecordingChannel:
     def __init__(
-        self, platform: str = "test", *, frame_interval: float = 0.0, hold_finish: bool = False
+        self,
+        platform: str = "test",
+        *,
+        frame_interval: float = 0.0,
+        hold_finish: bool = False,
+        hold_update: bool = False,
     ) -> None:
         self.platform = platform
         self.traits = ChannelTraits(frame_interval=frame_interval)
@@ -43,6 +49,10 @@ class RecordingChannel:
         self.finishing = asyncio.Event()
         self._hold_finish = hold_finish
         self._finish_gate = asyncio.Event()
+        self._hold_update = hold_update
+        self.updating = asyncio.Event()
+        self._update_gate = asyncio.Event()
+        self.calls: list[str] = []
         self._tick = asyncio.Event()
 
     async def run(self, deliver: Deliver) -> None:
@@ -65,6 +75,9 @@ class RecordingChannel:
 
     def release_finish(self) -> None:
         self._finish_gate.set()
+
+    def release_update(self) -> None:
+        self._update_gate.set()
 
     def changed(self) -> None:
         self._tick.set()
@@ -95,7 +108,12 @@ class _Reply:
         self.recorded = recorded
 
     async def update(self, frame: Frame) -> None:
+        self._channel.calls.append("update started")
+        if self._channel._hold_update:
+            self._channel.updating.set()
+            await self._channel._update_gate.wait()
         self.recorded.frames.append(frame)
+        self._channel.calls.append("update done")
         self._channel.changed()
 
     async def finish(self, text: str, outcome: Outcome, note: str | None) -> None:
@@ -103,4 +121,5 @@ class _Reply:
             self._channel.finishing.set()
             await self._channel._finish_gate.wait()
         self.recorded.text, self.recorded.outcome, self.recorded.note = text, outcome, note
+        self._channel.calls.append("finish")
         self._channel.changed()
