@@ -19,6 +19,7 @@ from typing import Protocol, TextIO
 from bot.checks import find_problems
 from bot.config import Config
 from bot.logs import setup_logging
+from channels.settings import SlackSettings
 from channels.terminal import TerminalChannel, stdin_lines
 from core.channel import Channel
 from core.dispatcher import AccessRules, Dispatcher
@@ -162,9 +163,14 @@ async def _serve(
 
 
 def access_rules(config: Config) -> AccessRules:
-    telegram = config.channels.telegram
-    allowed_on_telegram = None if telegram.anyone else frozenset(map(str, telegram.allowed_users))
-    return AccessRules({"terminal": None, "telegram": allowed_on_telegram})
+    telegram, slack = config.channels.telegram, config.channels.slack
+    users = {
+        "terminal": None,
+        "telegram": None if telegram.anyone else frozenset(map(str, telegram.allowed_users)),
+        "slack": None if slack.anyone else frozenset(slack.allowed_users),
+    }
+    rooms = {"slack": frozenset(slack.allowed_channels)} if slack.allowed_channels else {}
+    return AccessRules(users, rooms)
 
 
 def _announce_ready(adapters: list[Adapter], settings: TurnSettings) -> None:
@@ -201,7 +207,26 @@ def _adapters(config: Config, terminal: TerminalIO) -> list[Adapter]:
                 "(user ids) or anyone = true"
             )
         adapters.append(TelegramChannel(telegram, token))
+    slack = config.channels.slack
+    if slack.enabled and os.environ.get(slack.bot_token_env):
+        adapters.append(_slack(slack))
     return adapters
+
+
+def _slack(settings: SlackSettings) -> Adapter:
+    from channels.slack import SlackChannel, SlackTokens
+
+    if not settings.anyone and not settings.allowed_users:
+        logger.warning(
+            "Slack is on but nobody may use it: set [channels.slack].allowed_users (member "
+            "ids such as U0123ABCD) or anyone = true"
+        )
+    tokens = SlackTokens(
+        bot=os.environ[settings.bot_token_env],
+        app=os.environ.get(settings.app_token_env, ""),
+        signing_secret=os.environ.get(settings.signing_secret_env, ""),
+    )
+    return SlackChannel(settings, tokens)
 
 
 async def _no_lines() -> AsyncIterator[str]:

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from channels.settings import TelegramSettings, TerminalSettings
+from channels.settings import SlackSettings, TelegramSettings, TerminalSettings
 from core.errors import ConfigError
 from core.model import ModelSettings
 
 CONFIG_ENV = "KAIWA_CONFIG"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+SLACK_MODES = ("socket", "http")
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are Kaiwa, a helpful assistant in a chat. Answer plainly and briefly unless asked for "
@@ -75,6 +76,7 @@ class LoggingConfig:
 class ChannelsConfig:
     terminal: TerminalSettings = field(default_factory=TerminalSettings)
     telegram: TelegramSettings = field(default_factory=TelegramSettings)
+    slack: SlackSettings = field(default_factory=SlackSettings)
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,14 @@ class Config:
 
     def secrets(self) -> list[str]:
         """Values of every environment variable the config names as holding a secret."""
-        names = [self.storage.database_url_env, self.channels.telegram.token_env]
+        slack = self.channels.slack
+        names = [
+            self.storage.database_url_env,
+            self.channels.telegram.token_env,
+            slack.bot_token_env,
+            slack.app_token_env,
+            slack.signing_secret_env,
+        ]
         return [os.environ[name] for name in names if os.environ.get(name)]
 
 
@@ -194,6 +203,7 @@ def _checked(config: Config) -> Config:
         "channels.terminal.frame_interval": config.channels.terminal.frame_interval,
         "channels.telegram.edit_interval": config.channels.telegram.edit_interval,
         "channels.telegram.poll_timeout": config.channels.telegram.poll_timeout,
+        "channels.slack.edit_interval": config.channels.slack.edit_interval,
     }
     for name, agent in config.agents.items():
         positive[f"agents.{name}.max_iterations"] = agent.max_iterations
@@ -202,6 +212,11 @@ def _checked(config: Config) -> Config:
     for key, number in positive.items():
         if number <= 0:
             raise ConfigError(f"'{key}' must be greater than 0, got {number}")
+    if config.channels.slack.mode not in SLACK_MODES:
+        raise ConfigError(
+            f"'channels.slack.mode' must be one of {', '.join(SLACK_MODES)}, "
+            f"got {config.channels.slack.mode!r}"
+        )
     for key, level in (
         ("logging.level", config.logging.level),
         ("logging.stderr_level", config.logging.stderr_level),

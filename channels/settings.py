@@ -30,3 +30,24 @@ class TelegramSettings:
     poll_timeout: int = 30
     base_url: str = "https://api.telegram.org/bot"
     base_file_url: str = "https://api.telegram.org/file/bot"
+
+
+@dataclass(frozen=True)
+class SlackSettings:
+    enabled: bool = True
+    mode: str = "socket"
+    bot_token_env: str = "KAIWA_SLACK_BOT_TOKEN"
+    app_token_env: str = "KAIWA_SLACK_APP_TOKEN"
+    signing_secret_env: str = "KAIWA_SLACK_SIGNING_SECRET"
+    allowed_users: list[str] = field(default_factory=list)
+    allowed_channels: list[str] = field(default_factory=list)
+    anyone: bool = False
+    answer_bots: bool = False
+    working_reaction: str = "hourglass_flowing_sand"
+    show_thinking: bool = True
+    show_tools: bool = True
+    edit_interval: float = 1.0
+    http_host: str = "127.0.0.1"
+    http_port: int = 3000
+    http_path: str = "/slack/events"
+    api_url: str = "https://slack.com/api/"

@@ -13,13 +13,19 @@ from typing import Any, Protocol
 
 import pytest
 
-from channels.settings import TelegramSettings
+from channels.settings import SlackSettings, TelegramSettings
+from channels.slack import SlackChannel, SlackTokens
 from channels.telegram import TelegramChannel
+from tests.fakes.slack import APP_TOKEN as SLACK_APP_TOKEN
+from tests.fakes.slack import BOT_TOKEN as SLACK_BOT_TOKEN
+from tests.fakes.slack import TEAM as SLACK_TEAM
+from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
 from tests.harness import Bot, BotFactory
 
 ANN, BOB, MALLORY = 1001, 1002, 6666
 ALLOWED = frozenset({str(ANN), str(BOB)})
+SLACK_ALLOWED = frozenset({f"U{ANN}", f"U{BOB}"})
 
 
 class Platform(Protocol):
@@ -127,8 +133,81 @@ async def telegram_platform(
             await channel.close()
 
 
-@pytest.fixture(params=["telegram"])
+class SlackPlatform:
+    """Each chat is a direct message channel (`D<chat>`), the Slack shape closest to a chat."""
+
+    name = "slack"
+    limit = 4000
+
+    def __init__(self, fake: FakeSlack, bot: Bot) -> None:
+        self.fake = fake
+        self.bot = bot
+
+    def place(self, chat: int) -> str:
+        return f"slack:{SLACK_TEAM}:D{chat}:top"
+
+    def say(self, chat: int, text: str, *, user: int | None = None) -> str:
+        return self.fake.dm(f"D{chat}", text, user=f"U{user or chat}")
+
+    def say_again(self, chat: int, message_id: str) -> None:
+        (envelope,) = [
+            envelope
+            for envelope in self.fake.envelopes
+            if envelope.get("payload", {}).get("event", {}).get("ts") == message_id
+        ]
+        self.fake.redeliver(envelope["envelope_id"])
+
+    def shown(self, chat: int) -> list[str]:
+        return [posted.text for posted in self.fake.posted(f"D{chat}")]
+
+    def edit_times(self, chat: int) -> list[float]:
+        return [
+            call.at
+            for call in self.fake.calls_to("chat.update")
+            if call.params.get("channel") == f"D{chat}" and call.error is None
+        ]
+
+    def rate_limit_next_edit(self, retry_after: int) -> None:
+        self.fake.fail_next("chat.update", error="ratelimited", retry_after=retry_after)
+
+    def fences_intact(self, chat: int) -> bool:
+        return all(text.count("```") % 2 == 0 for text in self.shown(chat))
+
+    async def wait_until(self, condition: Callable[[], object], what: str) -> None:
+        await self.fake.wait_until(condition, what=what)
+
+
+@contextlib.asynccontextmanager
+async def slack_platform(
+    make_bot: BotFactory,
+    *,
+    fake: FakeSlack | None = None,
+    edit_interval: float = 0.05,
+    **settings: Any,
+) -> AsyncIterator[SlackPlatform]:
+    """A running Slack channel over Socket Mode on the fake Slack; stops as the app does."""
+    async with contextlib.AsyncExitStack() as stack:
+        if fake is None:
+            fake = await stack.enter_async_context(FakeSlack())
+        channel = SlackChannel(
+            SlackSettings(api_url=fake.api_url, edit_interval=edit_interval, **settings),
+            SlackTokens(bot=SLACK_BOT_TOKEN, app=SLACK_APP_TOKEN),
+        )
+        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
+        reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+        connected = fake.hellos
+        await fake.wait_connected(connected + 1)
+        try:
+            yield SlackPlatform(fake, bot)
+        finally:
+            await channel.stop_receiving()
+            await asyncio.wait_for(reading, 10)
+            await bot.runner.shutdown()
+            await channel.close()
+
+
+@pytest.fixture(params=["telegram", "slack"])
 async def platform(request: pytest.FixtureRequest, make_bot: BotFactory) -> AsyncIterator[Platform]:
-    factories = {"telegram": telegram_platform}
+    factories = {"telegram": telegram_platform, "slack": slack_platform}
     async with factories[request.param](make_bot) as running:
         yield running
