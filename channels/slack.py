@@ -157,6 +157,8 @@ class SlackChannel:
         self._app.command(SLASH_COMMAND)(self._on_command)
         self._deliver: Deliver | None = None
         self._stopping = asyncio.Event()
+        self.listening = asyncio.Event()
+        """Set once events can arrive (the socket is connected, or the HTTP server listens)."""
         self._identity: dict[str, str] = {}
         self._threads: dict[tuple[str, str], bool] = {}
 
@@ -223,6 +225,7 @@ class SlackChannel:
     async def _serve_socket_mode(self) -> None:
         handler = AsyncSocketModeHandler(self._app, self._tokens.app, web_client=self._client)
         await handler.connect_async()
+        self.listening.set()
         logger.info("Slack: connected over Socket Mode as %s", self._identity.get("user_id"))
         try:
             await self._stopping.wait()
@@ -240,6 +243,7 @@ class SlackChannel:
         await runner.setup()
         site = web.TCPSite(runner, self._settings.http_host, self._settings.http_port)
         await site.start()
+        self.listening.set()
         logger.info(
             "Slack: receiving events on http://%s:%d%s",
             self._settings.http_host,

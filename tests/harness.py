@@ -91,6 +91,7 @@ async def make_bot(
         tools: list[Tool] | None = None,
         channel: Channel | None = None,
         allowed: frozenset[str] | None = None,
+        rooms: frozenset[str] | None = None,
         max_message_chars: int = 1000,
         max_cached_conversations: int = 100,
         max_iterations: int = 10,
@@ -119,7 +120,7 @@ async def make_bot(
             used_store,
             runner,
             channels,
-            AccessRules({channel.platform: allowed}),
+            AccessRules({channel.platform: allowed}, {channel.platform: rooms} if rooms else {}),
             max_message_chars=max_message_chars,
         )
         return Bot(used_store, channel, runner, dispatcher, ollama)

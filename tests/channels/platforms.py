@@ -193,7 +193,8 @@ async def slack_platform(
             SlackSettings(api_url=fake.api_url, edit_interval=edit_interval, **settings),
             SlackTokens(bot=SLACK_BOT_TOKEN, app=SLACK_APP_TOKEN),
         )
-        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
+        rooms = frozenset(settings.get("allowed_channels", ()))
+        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED, rooms=rooms)
         reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
         connected = fake.hellos
         await fake.wait_connected(connected + 1)

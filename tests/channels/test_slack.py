@@ -1,0 +1,265 @@
+"""Slack beyond the shared conformance suite: threads, commands in threads, double deliveries,
+reconnects and HTTP mode, through the real slack-bolt against the fake Slack and fake Ollama."""
+
+import asyncio
+import socket
+
+from channels.settings import SlackSettings
+from channels.slack import SlackChannel, SlackTokens
+from tests.channels.platforms import ANN, BOB, SLACK_ALLOWED, slack_platform
+from tests.fakes.ollama import Pause, Text
+from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET, TEAM, FakeSlack
+from tests.harness import BotFactory
+
+ROOM = "C1"
+ANN_ID, BOB_ID = f"U{ANN}", f"U{BOB}"
+
+
+def place(thread: str, channel: str = ROOM) -> str:
+    return f"slack:{TEAM}:{channel}:{thread}"
+
+
+async def test_a_mention_opens_a_thread_and_the_reply_streams_there(
+    make_bot: BotFactory,
+) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        slack.bot.ollama.script(Text("Hello"), Pause("mid"), Text(", Ann."))
+        opened = fake.mention(ROOM, "hi there", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the first part")
+        slack.bot.ollama.release("mid")
+        await fake.wait_until(
+            lambda: [p.text for p in fake.posted(ROOM, opened)] == ["Hello, Ann."], what="all"
+        )
+    assert fake.posted(ROOM) == [], "nothing at the channel's top level"
+    (reply,) = fake.posted(ROOM, opened)
+    assert reply.updates == ["Hello, Ann."], "one message, edited in place"
+    assert [m.text for m in slack.bot.history(place(opened))] == ["hi there", "Hello, Ann."]
+    assert len(slack.bot.ollama.requests) == 1, "app_mention and message were answered once"
+
+
+async def test_a_follow_up_in_the_thread_needs_no_mention(make_bot: BotFactory) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake, ollama = slack.fake, slack.bot.ollama
+        ollama.script(Text("Noted: 42."))
+        ollama.script(Text("You said 42."))
+        opened = fake.mention(ROOM, "remember 42", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the first reply")
+        fake.message(ROOM, "what did I say?", user=ANN_ID, thread_ts=opened)
+        await fake.wait_until(lambda: len(fake.posted(ROOM, opened)) == 2, what="the second")
+    sent = [m["content"] for m in ollama.requests[1]["messages"]]
+    assert sent[-3:] == ["remember 42", "Noted: 42.", "what did I say?"]
+
+
+async def test_two_threads_in_one_channel_are_two_conversations(make_bot: BotFactory) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake, ollama = slack.fake, slack.bot.ollama
+        ollama.script(Text("First thread."))
+        ollama.script(Text("Second thread."))
+        first = fake.mention(ROOM, "one", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, first), what="the first reply")
+        second = fake.mention(ROOM, "two", user=BOB_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, second), what="the second reply")
+    assert [m["content"] for m in ollama.requests[1]["messages"]][1:] == ["two"]
+    assert slack.bot.store.active_conversation(place(first)) is not None
+    assert slack.bot.store.active_conversation(place(second)) is not None
+
+
+async def test_bang_stop_in_the_thread_keeps_the_partial_text(make_bot: BotFactory) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        slack.bot.ollama.script(Text("A long answer begins"), Pause("long"), Text(" never"))
+        opened = fake.mention(ROOM, "explain", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the partial reply")
+        fake.message(ROOM, "!stop", user=ANN_ID, thread_ts=opened)
+        await fake.wait_until(lambda: len(fake.posted(ROOM, opened)) == 2, what="the notice")
+    reply, notice = (p.text for p in fake.posted(ROOM, opened))
+    assert reply == "A long answer begins (stopped)"
+    assert notice == "Stopped."
+    assert slack.bot.assistant_text(place(opened)) == "A long answer begins"
+
+
+async def test_a_mention_followed_by_the_word_is_the_command(make_bot: BotFactory) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        slack.bot.ollama.script(Text("Hello."))
+        opened = fake.mention(ROOM, "hi", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the reply")
+        fake.mention(ROOM, "usage", user=ANN_ID, thread_ts=opened)
+        await fake.wait_until(lambda: len(fake.posted(ROOM, opened)) == 2, what="the usage")
+    assert fake.posted(ROOM, opened)[1].text.startswith("Usage of this conversation (1 turns)")
+    assert len(slack.bot.ollama.requests) == 1
+
+
+async def test_threads_the_bot_is_not_part_of_are_ignored(make_bot: BotFactory) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        root = fake.message(ROOM, "people talking", user=BOB_ID)
+        fake.message(ROOM, "among themselves", user=ANN_ID, thread_ts=root)
+        fake.message(ROOM, "top-level chatter", user=ANN_ID)
+        await fake.wait_until(lambda: fake.calls_to("conversations.replies"), what="a look")
+        slack.bot.ollama.script(Text("Now I am here."))
+        fake.mention(ROOM, "join us", user=ANN_ID, thread_ts=root)
+        await fake.wait_until(lambda: fake.posted(ROOM, root), what="the reply in the thread")
+    assert [r["messages"][-1]["content"] for r in slack.bot.ollama.requests] == ["join us"]
+
+
+async def test_other_bots_are_ignored_unless_configured(make_bot: BotFactory) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        slack.bot.ollama.script(Text("Hi."))
+        opened = fake.mention(ROOM, "hello", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the reply")
+        fake.bot_message(ROOM, "beep", thread_ts=opened)
+        fake.message(ROOM, "!help", user=ANN_ID, thread_ts=opened)
+        await fake.wait_until(lambda: len(fake.posted(ROOM, opened)) == 2, what="the help")
+    assert len(slack.bot.ollama.requests) == 1, "neither the other bot nor our own echoes"
+
+
+async def test_a_redelivered_envelope_is_answered_once(make_bot: BotFactory) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        slack.bot.ollama.script(Text("Once."))
+        opened = fake.mention(ROOM, "hello", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the reply")
+        for envelope in [e for e in fake.envelopes if e.get("type") == "events_api"][:2]:
+            fake.redeliver(envelope["envelope_id"])
+        fake.message(ROOM, "!usage", user=ANN_ID, thread_ts=opened)
+        await fake.wait_until(lambda: len(fake.posted(ROOM, opened)) == 2, what="the usage")
+    assert len(slack.bot.ollama.requests) == 1
+
+
+async def test_a_disconnect_mid_reply_reconnects_and_the_reply_completes(
+    make_bot: BotFactory,
+) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake, ollama = slack.fake, slack.bot.ollama
+        ollama.script(Text("Before the drop"), Pause("drop"), Text(", after it."))
+        ollama.script(Text("Still here."))
+        opened = fake.mention(ROOM, "go", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the partial reply")
+        await fake.disconnect()
+        await fake.wait_connected(2)
+        ollama.release("drop")
+        fake.message(ROOM, "and now?", user=ANN_ID, thread_ts=opened)
+        await fake.wait_until(
+            lambda: (
+                [p.text for p in fake.posted(ROOM, opened)]
+                == ["Before the drop, after it.", "Still here."]
+            ),
+            what="both replies",
+        )
+    assert fake.connections_opened == 2
+    assert len(ollama.requests) == 2
+
+
+async def test_the_working_reaction_is_removed_when_the_reply_starts(
+    make_bot: BotFactory,
+) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        slack.bot.ollama.script(Pause("think"), Text("Done thinking."))
+        opened = fake.mention(ROOM, "hard question", user=ANN_ID)
+        await fake.wait_until(
+            lambda: fake.reactions(ROOM, opened) == {"hourglass_flowing_sand"}, what="reaction"
+        )
+        slack.bot.ollama.release("think")
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the reply")
+        await fake.wait_until(lambda: not fake.reactions(ROOM, opened), what="no reaction")
+
+
+async def test_markdown_is_sent_as_mrkdwn(make_bot: BotFactory) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        slack.bot.ollama.script(Text("**Bold** and [a link](https://example.com)."))
+        opened = fake.mention(ROOM, "format", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the reply")
+    assert fake.posted(ROOM, opened)[0].text == "*Bold* and <https://example.com|a link>."
+    assert slack.bot.assistant_text(place(opened)) == "**Bold** and [a link](https://example.com)."
+
+
+async def test_a_channel_not_on_the_list_is_refused(make_bot: BotFactory) -> None:
+    async with slack_platform(make_bot, allowed_channels=["C-OK"]) as slack:
+        fake = slack.fake
+        opened = fake.mention(ROOM, "hello", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the refusal")
+    assert "does not answer here" in fake.posted(ROOM, opened)[0].text
+    assert slack.bot.ollama.requests == []
+
+
+async def test_the_slash_command_acts_on_the_thread_given(make_bot: BotFactory) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        slack.bot.ollama.script(Text("Working"), Pause("busy"), Text(" on it"))
+        opened = fake.mention(ROOM, "long task", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the partial reply")
+        usage = fake.slash_command("/kaiwa", "", channel=ROOM, user=ANN_ID)
+        stop = fake.slash_command("/kaiwa", f"stop {opened}", channel=ROOM, user=ANN_ID)
+        await fake.wait_until(lambda: len(fake.posted(ROOM, opened)) == 2, what="the notice")
+    acks = {ack.envelope_id: (ack.payload or {}).get("text", "") for ack in fake.acks}
+    assert "inside the thread" in acks[usage]
+    assert acks[stop] == "`!stop` sent to the thread."
+    assert fake.posted(ROOM, opened)[0].text == "Working (stopped)"
+
+
+async def test_http_mode_answers_signed_events_and_refuses_bad_signatures(
+    make_bot: BotFactory,
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with FakeSlack() as fake:
+        settings = SlackSettings(
+            mode="http", api_url=fake.api_url, http_port=port, edit_interval=0.05
+        )
+        channel = SlackChannel(settings, SlackTokens(bot=BOT_TOKEN, signing_secret=SIGNING_SECRET))
+        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
+        bot.ollama.script(Text("Over HTTP."))
+        reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+        url = f"http://127.0.0.1:{port}/slack/events"
+        await asyncio.wait_for(channel.listening.wait(), 5)
+        challenge = {"type": "url_verification", "challenge": "abc", "token": "x"}
+        verified = await fake.post_event(url, challenge)
+        event = {
+            "type": "app_mention",
+            "channel": ROOM,
+            "user": ANN_ID,
+            "text": "<@UBOT> hello",
+            "ts": "1700000000.000100",
+            "team": TEAM,
+        }
+        body = fake.event_body(event)
+        accepted = await fake.post_event(url, body)
+        retried = await fake.post_event(url, body, retry_num=1)
+        forged = await fake.post_event(url, fake.event_body(event), secret="wrong")
+        await fake.wait_until(lambda: fake.posted(ROOM, "1700000000.000100"), what="the reply")
+        await channel.stop_receiving()
+        await asyncio.wait_for(reading, 10)
+        await bot.runner.shutdown()
+    assert verified[0] == 200 and '"abc"' in verified[1]
+    assert accepted[0] == 200 and retried[0] == 200
+    assert forged[0] == 401
+    assert [p.text for p in fake.posted(ROOM, "1700000000.000100")] == ["Over HTTP."]
+    assert len(bot.ollama.requests) == 1
+
+
+async def test_tokens_slack_rejects_are_named() -> None:
+    async with FakeSlack() as fake:
+        channel = SlackChannel(
+            SlackSettings(api_url=fake.api_url), SlackTokens(bot="xoxb-wrong", app=APP_TOKEN)
+        )
+        problems = await channel.problems()
+    assert problems == [
+        "Slack rejected the bot token in $KAIWA_SLACK_BOT_TOKEN (invalid_auth): copy it again "
+        "from your app's settings"
+    ]
+
+
+async def test_socket_mode_without_an_app_token_says_what_to_do() -> None:
+    async with FakeSlack() as fake:
+        channel = SlackChannel(SlackSettings(api_url=fake.api_url), SlackTokens(bot=BOT_TOKEN))
+        problems = await channel.problems()
+    assert problems == [
+        "Slack Socket Mode needs an app-level token (xapp-..., with connections:write) in "
+        '$KAIWA_SLACK_APP_TOKEN, or set [channels.slack].mode = "http"'
+    ]
