@@ -10,6 +10,7 @@ import pytest
 
 from core.store import Store
 from tests.fakes.ollama import FakeOllama, Pause, Text
+from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 WAIT_SECONDS = 20.0
@@ -99,6 +100,24 @@ async def test_check_names_a_telegram_token_that_is_wrong(
         "copy the token @BotFather gave you into that variable\n"
     )
     assert "wrong-token" not in out
+
+
+async def test_check_names_a_slack_token_that_is_wrong(ollama: FakeOllama, tmp_path: Path) -> None:
+    async with FakeSlack() as slack:
+        config = write_config(tmp_path, ollama.url)
+        config.write_text(config.read_text() + f'\n[channels.slack]\napi_url = "{slack.api_url}"\n')
+        process = await kaiwa(
+            "--config",
+            str(config),
+            "check",
+            env={"KAIWA_SLACK_BOT_TOKEN": "xoxb-wrong", "KAIWA_SLACK_APP_TOKEN": "xapp-test"},
+        )
+        code, out, _ = await finish(process)
+    assert code == 1
+    assert out == (
+        "problem: Slack rejected the bot token in $KAIWA_SLACK_BOT_TOKEN (invalid_auth): copy it "
+        "again from your app's settings\n"
+    )
 
 
 async def test_run_refuses_to_start_without_ollama(tmp_path: Path) -> None:

@@ -153,6 +153,22 @@ async def test_a_disconnect_mid_reply_reconnects_and_the_reply_completes(
     assert len(ollama.requests) == 2
 
 
+async def test_a_dropped_socket_reconnects_without_losing_or_repeating_events(
+    make_bot: BotFactory,
+) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake, ollama = slack.fake, slack.bot.ollama
+        ollama.script(Text("First."))
+        ollama.script(Text("Second."))
+        opened = fake.mention(ROOM, "one", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the first reply")
+        await fake.drop_socket()
+        fake.message(ROOM, "two", user=ANN_ID, thread_ts=opened)
+        await fake.wait_until(lambda: len(fake.posted(ROOM, opened)) == 2, what="the second")
+    assert [p.text for p in fake.posted(ROOM, opened)] == ["First.", "Second."]
+    assert len(ollama.requests) == 2
+
+
 async def test_the_working_reaction_is_removed_when_the_reply_starts(
     make_bot: BotFactory,
 ) -> None:
