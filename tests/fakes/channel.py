@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core.channel import ChannelTraits, Deliver, Frame, Outcome
+from tests.fakes.changes import Changes
 
 WAIT_SECONDS = 5.0
 
@@ -53,7 +54,7 @@ class RecordingChannel:
         self.updating = asyncio.Event()
         self._update_gate = asyncio.Event()
         self.calls: list[str] = []
-        self._tick = asyncio.Event()
+        self._changes = Changes()
 
     async def run(self, deliver: Deliver) -> None:
         await asyncio.Event().wait()
@@ -80,17 +81,11 @@ class RecordingChannel:
         self._update_gate.set()
 
     def changed(self) -> None:
-        self._tick.set()
-        self._tick = asyncio.Event()
+        self._changes.notify()
 
     async def wait_until(self, condition: Callable[[], object], what: str = "condition") -> None:
         """Wait (at most WAIT_SECONDS) until `condition()` holds, re-checking on every change."""
-        try:
-            async with asyncio.timeout(WAIT_SECONDS):
-                while not condition():
-                    await self._tick.wait()
-        except TimeoutError:
-            raise AssertionError(f"timed out waiting for {what}") from None
+        await self._changes.until(condition, WAIT_SECONDS, what, lambda: f"{self.calls[-5:]}")
 
     async def finished(self, count: int = 1) -> list[RecordedReply]:
         """Wait until `count` replies are finished; return the finished ones."""

@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
-import inspect
 import itertools
 import json
 import time
@@ -47,6 +46,8 @@ from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
+
+from tests.fakes.changes import Changes
 
 BOT_TOKEN = "xoxb-test"
 APP_TOKEN = "xapp-test"
@@ -177,15 +178,6 @@ def _is_a_message(event: Mapping[str, Any]) -> bool:
     )
 
 
-def _describe(condition: Callable[[], object]) -> str:
-    name = getattr(condition, "__qualname__", repr(condition))
-    if "<lambda>" in name:
-        with contextlib.suppress(OSError, TypeError):
-            source = inspect.getsource(condition).strip()
-            return source[source.find("lambda") :]
-    return name
-
-
 async def _read_params(request: web.Request) -> dict[str, Any]:
     """Query string, then the body: JSON or form-encoded (later sources win)."""
     params: dict[str, Any] = dict(request.query)
@@ -280,7 +272,7 @@ class FakeSlack:
         self._failures: dict[str, deque[_Failure]] = {}
         self._clock = int(time.time()) * 1_000_000
         self._event_ids = itertools.count(1)
-        self._tick = asyncio.Event()  # replaced after each call, envelope, ack or connection
+        self._changes = Changes()  # notified on each call, envelope, ack and connection
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -607,16 +599,11 @@ class FakeSlack:
     ) -> None:
         """Return once ``condition()`` is true, re-checking on every call, envelope, ack and
         connection. Raises ``AssertionError`` naming ``what`` (else the condition) on timeout."""
-        try:
-            async with asyncio.timeout(timeout):
-                while not condition():
-                    await self._tick.wait()
-        except TimeoutError:
-            methods = [call.method for call in self.calls[-10:]]
-            raise AssertionError(
-                f"timed out after {timeout}s waiting for {what or _describe(condition)}; "
-                f"last calls: {methods}; hellos: {self._hellos}; pending: {len(self._outbox)}"
-            ) from None
+        await self._changes.until(condition, timeout, what, self._state)
+
+    def _state(self) -> str:
+        last = [call.method for call in self.calls[-10:]]
+        return f"last calls: {last}; hellos: {self._hellos}; pending: {len(self._outbox)}"
 
     # --- scripted failures ---
 
@@ -952,7 +939,7 @@ class FakeSlack:
         """The one writer: envelopes go out in order, to ``events_url`` or the live socket."""
         while True:
             while not self._ready():
-                await self._tick.wait()
+                await self._changes.next()
             envelope = self._outbox[0]
             if self._events_url is not None:
                 await self._post_envelope(self._events_url, envelope)
@@ -1085,5 +1072,4 @@ class FakeSlack:
         self._notify()
 
     def _notify(self) -> None:
-        self._tick.set()
-        self._tick = asyncio.Event()
+        self._changes.notify()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import re
 import time
@@ -28,6 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
 from aiohttp import web
+
+from tests.fakes.changes import Changes
 
 BOT_TOKEN = "123456:TEST-token"
 MAX_TEXT_UNITS = 4096
@@ -404,15 +405,6 @@ def _number_param(params: Mapping[str, Any], name: str) -> float:
         raise _bad_request(f"wrong parameter {name} in request") from None
 
 
-def _describe(condition: Callable[[], object]) -> str:
-    name = getattr(condition, "__qualname__", repr(condition))
-    if "<lambda>" in name:
-        with contextlib.suppress(OSError, TypeError):
-            source = inspect.getsource(condition).strip()
-            return source[source.find("lambda") :]
-    return name
-
-
 class FakeTelegram:
     """An aiohttp server on 127.0.0.1 answering ``/bot<TOKEN>/<method>`` and file downloads."""
 
@@ -437,7 +429,7 @@ class FakeTelegram:
         self._files: dict[str, _StoredFile] = {}
         self._failures: dict[str, deque[_Failure]] = {}
         self._arrival = asyncio.Event()  # replaced after each push, so waiters see new ones
-        self._tick = asyncio.Event()  # replaced after each call or update
+        self._changes = Changes()  # notified on each call and update
         self._runner: web.AppRunner | None = None
         self._closing = False
         self._methods: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -585,16 +577,10 @@ class FakeTelegram:
 
         Raises ``AssertionError`` naming ``what`` (else the condition's source) on timeout.
         """
-        try:
-            async with asyncio.timeout(timeout):
-                while not condition():
-                    await self._tick.wait()
-        except TimeoutError:
-            methods = [call.method for call in self.calls[-10:]]
-            raise AssertionError(
-                f"timed out after {timeout}s waiting for {what or _describe(condition)}; "
-                f"last calls: {methods}"
-            ) from None
+        await self._changes.until(condition, timeout, what, self._state)
+
+    def _state(self) -> str:
+        return f"last calls: {[call.method for call in self.calls[-10:]]}"
 
     # --- scripted failures ---
 
@@ -665,8 +651,7 @@ class FakeTelegram:
         self._notify()
 
     def _notify(self) -> None:
-        self._tick.set()
-        self._tick = asyncio.Event()
+        self._changes.notify()
 
     # --- getUpdates ---
 
