@@ -323,7 +323,11 @@ class SlackChannel:
         """Whether the bot is part of a thread: remembered, else asked of Slack once."""
         known = self._threads.get((channel, thread))
         if known is None:
-            replies = await self._client.conversations_replies(channel=channel, ts=thread)
+            try:
+                replies = await self._client.conversations_replies(channel=channel, ts=thread)
+            except SlackApiError as exc:  # not cached: the next message in the thread asks again
+                logger.warning("Slack: cannot read thread %s in %s: %s", thread, channel, exc)
+                return False
             own = self._identity.get("user_id")
             known = any(
                 message.get("user") == own or message.get("bot_id") == self._identity.get("bot_id")

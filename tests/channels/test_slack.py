@@ -104,6 +104,21 @@ async def test_threads_the_bot_is_not_part_of_are_ignored(make_bot: BotFactory) 
     assert [r["messages"][-1]["content"] for r in slack.bot.ollama.requests] == ["join us"]
 
 
+async def test_a_thread_slack_will_not_show_is_skipped_and_asked_about_again(
+    make_bot: BotFactory,
+) -> None:
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        root = fake.message(ROOM, "people talking", user=BOB_ID)
+        fake.fail_next("conversations.replies", error="ratelimited", retry_after=1)
+        fake.message(ROOM, "first reply", user=ANN_ID, thread_ts=root)
+        fake.message(ROOM, "second reply", user=ANN_ID, thread_ts=root)
+        await fake.wait_until(
+            lambda: len(fake.calls_to("conversations.replies")) == 2, what="a second look"
+        )
+    assert slack.bot.ollama.requests == []
+
+
 async def test_other_bots_are_ignored_unless_configured(make_bot: BotFactory) -> None:
     async with slack_platform(make_bot) as slack:
         fake = slack.fake
