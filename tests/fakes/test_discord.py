@@ -1,0 +1,634 @@
+"""The fake Discord, proven against the real discord.py (2.7.1).
+
+What the real library does against it, as these tests pin down:
+- discord.py has no per-client URLs: ``Route.BASE`` and ``DiscordWebSocket.DEFAULT_GATEWAY`` are
+  class attributes (``fake.installed()``). A plain ``Client`` never calls ``GET /gateway``: it
+  connects to ``DEFAULT_GATEWAY`` with ``?v=10&encoding=json&compress=zlib-stream`` (or
+  ``zstd-stream``) and resumes at READY's ``resume_gateway_url``. Text frames are accepted
+  whatever compression was asked for.
+- ``login`` is ``GET /users/@me`` then ``GET /oauth2/applications/@me``; a 401 becomes
+  ``LoginFailure``. REST bodies are parsed only with ``Content-Type`` exactly
+  ``application/json``.
+- ``on_ready`` comes ``guild_ready_timeout`` seconds (default 2) after the last GUILD_CREATE:
+  tests pass ``guild_ready_timeout=0.01``. The first heartbeat goes out at once on HELLO.
+- Without the MESSAGE_CONTENT intent message content arrives blank (mentions of the bot and DMs
+  excepted) and the library says nothing; asking for the intent while the portal switch is off
+  closes the gateway with 4014, which ``connect`` raises as ``PrivilegedIntentsRequired``.
+- A 429 is retried only with a ``Via`` header, after the body's ``retry_after``; other 4xx raise
+  at once (``Forbidden``, ``NotFound``, ``HTTPException``).
+- RECONNECT, an abrupt drop and a resumable INVALID_SESSION make it RESUME at once (missed
+  dispatches replayed once, then ``on_resumed``); a non-resumable INVALID_SESSION makes it
+  IDENTIFY again (``on_ready`` again), but only after ``Client.before_identify_hook`` sleeps 5 s
+  (every IDENTIFY but the first): tests override that hook. discord.py does not drop a dispatch
+  seen twice: a replayed MESSAGE_CREATE reaches ``on_message`` twice, so the bot must
+  deduplicate by message id.
+- A thread made from a message (``Message.create_thread``) is a ``discord.Thread`` once
+  THREAD_CREATE arrived, and messages in it carry that channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+
+from .discord import (
+    APPLICATION_ID,
+    BOT_TOKEN,
+    BOT_USER_ID,
+    CHANNEL_ID,
+    GUILD_ID,
+    MAX_CONTENT_CHARS,
+    USER_ID,
+    FakeDiscord,
+)
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # discord.py imports audioop
+    import discord
+    from discord import app_commands
+
+LIBRARY_SECONDS = 10
+FAST = {"guild_ready_timeout": 0.01}  # on_ready 10 ms after the last GUILD_CREATE, not 2 s
+T = TypeVar("T")
+
+
+async def lib(awaitable: Awaitable[T]) -> T:
+    """Await the library with a deadline, so a hang fails the test instead of the run."""
+    async with asyncio.timeout(LIBRARY_SECONDS):
+        return await awaitable
+
+
+def all_intents() -> discord.Intents:
+    intents = discord.Intents.default()
+    intents.message_content = True
+    return intents
+
+
+class NoIdentifyDelayClient(discord.Client):
+    """discord.py sleeps 5 s before every IDENTIFY but the first (``before_identify_hook``, a
+    documented override); a test of re-identifying skips that."""
+
+    async def before_identify_hook(self, shard_id: int | None, *, initial: bool = False) -> None:
+        return None
+
+
+class Bot:
+    """A real ``discord.Client`` plus what it saw, with a wait that re-checks on every event."""
+
+    def __init__(self, client: discord.Client) -> None:
+        self.client = client
+        self.messages: list[discord.Message] = []
+        self.edits: list[discord.Message] = []
+        self.threads: list[discord.Thread] = []
+        self.readies = 0
+        self.resumed = 0
+        self.task: asyncio.Task[None] | None = None
+        self._tick = asyncio.Event()
+
+        @client.event
+        async def on_message(message: discord.Message) -> None:
+            self.messages.append(message)
+            self.notify()
+
+        @client.event
+        async def on_message_edit(before: discord.Message, after: discord.Message) -> None:
+            self.edits.append(after)
+            self.notify()
+
+        @client.event
+        async def on_thread_create(thread: discord.Thread) -> None:
+            self.threads.append(thread)
+            self.notify()
+
+        @client.event
+        async def on_ready() -> None:
+            self.readies += 1
+            self.notify()
+
+        @client.event
+        async def on_resumed() -> None:
+            self.resumed += 1
+            self.notify()
+
+    def notify(self) -> None:
+        self._tick.set()
+        self._tick = asyncio.Event()
+
+    def from_people(self) -> list[discord.Message]:
+        return [m for m in self.messages if m.author.id != BOT_USER_ID]
+
+    async def wait_until(self, condition: Callable[[], object], what: str = "") -> None:
+        try:
+            async with asyncio.timeout(LIBRARY_SECONDS):
+                while not condition():
+                    await self._tick.wait()
+        except TimeoutError:
+            raise AssertionError(f"the client never saw {what or condition}") from None
+
+    async def start(self, token: str = BOT_TOKEN) -> None:
+        await lib(self.client.login(token))
+        self.task = asyncio.create_task(self.client.connect(reconnect=True))
+        await lib(self.client.wait_until_ready())
+
+    async def close(self) -> None:
+        await lib(self.client.close())
+        if self.task is not None:
+            with contextlib.suppress(Exception):
+                await lib(self.task)
+        # discord.py heartbeats from a thread; let it finish while the loop still runs
+        for thread in threading.enumerate():
+            if isinstance(thread, discord.gateway.KeepAliveHandler):
+                await lib(asyncio.to_thread(thread.join, LIBRARY_SECONDS))
+
+
+MakeBot = Callable[..., Awaitable[Bot]]
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeDiscord]:
+    async with FakeDiscord() as fake:
+        with fake.installed():
+            yield fake
+
+
+@pytest.fixture
+async def make_bot(fake: FakeDiscord) -> AsyncIterator[MakeBot]:
+    bots: list[Bot] = []
+
+    async def make(
+        *,
+        intents: discord.Intents | None = None,
+        start: bool = True,
+        client_class: type[discord.Client] = discord.Client,
+        **options: Any,
+    ) -> Bot:
+        client = client_class(intents=intents or all_intents(), **{**FAST, **options})
+        bot = Bot(client)
+        bots.append(bot)
+        if start:
+            await bot.start()
+        return bot
+
+    yield make
+    for bot in bots:
+        await bot.close()
+
+
+@pytest.fixture
+async def bot(make_bot: MakeBot) -> Bot:
+    return await make_bot()
+
+
+def channel(bot: Bot, channel_id: int = CHANNEL_ID) -> Any:
+    found = bot.client.get_channel(channel_id)
+    assert found is not None, f"channel {channel_id} not in the client's cache"
+    return found
+
+
+# --- login and ready ---
+
+
+async def test_login_identify_and_ready(fake: FakeDiscord, bot: Bot) -> None:
+    client = bot.client
+    assert client.user is not None and client.user.id == BOT_USER_ID
+    assert client.application_id == APPLICATION_ID
+    guild = client.get_guild(GUILD_ID)
+    assert guild is not None and not guild.unavailable
+    assert isinstance(guild.get_channel(CHANNEL_ID), discord.TextChannel)
+    assert guild.me is not None and guild.me.id == BOT_USER_ID
+    assert bot.readies == 1 and fake.identifies == 1 and fake.resumes == 0
+    assert [c.path for c in fake.calls] == ["/users/@me", "/oauth2/applications/@me"]
+    assert all(c.token == BOT_TOKEN for c in fake.calls)
+    assert fake.connections[0].startswith("/gateway/?v=10&encoding=json&compress=")
+    identify = next(f for f in fake.frames if f.op == 2)
+    assert identify.d["intents"] == all_intents().value
+    await fake.wait_until(lambda: fake.heartbeats >= 1, what="the first heartbeat")
+
+
+async def test_install_sets_and_restores_the_seams() -> None:
+    base, gateway = discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
+    async with FakeDiscord() as fake:
+        with fake.installed():
+            assert f"{fake.url}/api/v10" == discord.http.Route.BASE
+            assert str(discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY) == fake.gateway_url
+        assert base == discord.http.Route.BASE
+        fake.install()
+    # close() uninstalls too
+    assert gateway == discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
+    assert base == discord.http.Route.BASE
+
+
+async def test_raw_rest_headers_and_errors(fake: FakeDiscord) -> None:
+    """JSON answers say exactly ``application/json`` (discord.py ignores the body otherwise);
+    errors are ``{"message", "code"}``; a scripted 429 carries ``Via``."""
+    auth = {"Authorization": f"Bot {BOT_TOKEN}"}
+    async with aiohttp.ClientSession(f"{fake.url}/") as http:
+        async with http.get("api/v10/users/@me", headers=auth) as response:
+            assert response.headers["Content-Type"] == "application/json"
+            assert (await response.json())["id"] == str(BOT_USER_ID)
+        async with http.get("api/v10/users/@me", headers={"Authorization": "Bot nope"}) as r:
+            assert r.status == 401
+            assert await r.json() == {"message": "401: Unauthorized", "code": 0}
+        async with http.get("api/v10/no/such/route", headers=auth) as response:
+            assert response.status == 404
+            assert await response.json() == {"message": "404: Not Found", "code": 0}
+        fake.fail_next("GET", "/users/@me", retry_after=0.5)
+        async with http.get("api/v10/users/@me", headers=auth) as response:
+            assert response.status == 429 and response.headers["Via"]
+            body = await response.json()
+            assert body["retry_after"] == 0.5 and body["global"] is False
+
+
+async def test_fetch_channel(fake: FakeDiscord, bot: Bot) -> None:
+    fetched = await lib(bot.client.fetch_channel(CHANNEL_ID))
+    assert isinstance(fetched, discord.TextChannel) and fetched.name == "general"
+    with pytest.raises(discord.NotFound):
+        await lib(bot.client.fetch_channel(CHANNEL_ID + 999))
+
+
+async def test_wrong_token_is_login_failure(fake: FakeDiscord, make_bot: MakeBot) -> None:
+    bot = await make_bot(start=False)
+    with pytest.raises(discord.LoginFailure):
+        await lib(bot.client.login("not-the-token"))
+    assert [(c.path, c.status) for c in fake.calls] == [("/users/@me", 401)]
+    assert fake.identifies == 0
+
+
+async def test_heartbeats_are_acked() -> None:
+    async with FakeDiscord(heartbeat_interval_ms=50) as fake:
+        with fake.installed():
+            bot = Bot(discord.Client(intents=all_intents(), **FAST))
+            try:
+                await bot.start()
+                await fake.wait_until(lambda: fake.heartbeats >= 3, what="three heartbeats")
+                await bot.wait_until(lambda: bot.client.latency != float("inf"), "a latency")
+                assert fake.resumes == 0 and fake.identifies == 1
+            finally:
+                await bot.close()
+
+
+async def test_dispatches_are_numbered_per_session(fake: FakeDiscord, bot: Bot) -> None:
+    """Dispatches are numbered from 1 per session: READY, then GUILD_CREATE."""
+    assert [e["t"] for e in fake.dispatched[:2]] == ["READY", "GUILD_CREATE"]
+    assert [e["s"] for e in fake.dispatched[:2]] == [1, 2]
+
+
+# --- messages in ---
+
+
+async def test_user_message_reaches_on_message(fake: FakeDiscord, bot: Bot) -> None:
+    sent = fake.user_message(CHANNEL_ID, "hello bot", author_id=USER_ID)
+    await bot.wait_until(lambda: bot.from_people(), "the message")
+    [message] = bot.from_people()
+    assert message.id == int(sent["id"])
+    assert message.content == "hello bot"
+    assert message.author.id == USER_ID
+    assert isinstance(message.author, discord.Member)
+    assert isinstance(message.channel, discord.TextChannel)
+    assert message.channel.id == CHANNEL_ID
+    assert message.guild is not None and message.guild.id == GUILD_ID
+
+
+async def test_mention_of_the_bot(fake: FakeDiscord, bot: Bot) -> None:
+    fake.user_message(CHANNEL_ID, "ping", mentions_bot=True)
+    await bot.wait_until(lambda: bot.from_people(), "the mention")
+    [message] = bot.from_people()
+    assert bot.client.user is not None and bot.client.user.mentioned_in(message)
+    assert message.content == f"<@{BOT_USER_ID}> ping"
+
+
+async def test_content_is_stripped_without_the_intent(fake: FakeDiscord, make_bot: MakeBot) -> None:
+    bot = await make_bot(intents=discord.Intents.default())
+    fake.user_message(CHANNEL_ID, "secret words")
+    fake.user_message(CHANNEL_ID, "to you", mentions_bot=True)
+    fake.dm(USER_ID, "a direct message")
+    await bot.wait_until(lambda: len(bot.from_people()) == 3, "three messages")
+    assert [m.content for m in bot.from_people()] == [
+        "",
+        f"<@{BOT_USER_ID}> to you",
+        "a direct message",
+    ]
+    # the bot's own messages keep their content
+    await lib(channel(bot).send("mine"))
+    await bot.wait_until(lambda: len(bot.messages) == 4, "the bot's own message")
+    assert bot.messages[-1].content == "mine"
+
+
+async def test_portal_switch_off_strips_content(fake: FakeDiscord, bot: Bot) -> None:
+    fake.message_content_intent_enabled = False
+    fake.user_message(CHANNEL_ID, "secret words")
+    await bot.wait_until(lambda: bot.from_people(), "the message")
+    assert bot.from_people()[0].content == ""
+
+
+async def test_asking_for_a_disallowed_intent_closes_4014(
+    fake: FakeDiscord, make_bot: MakeBot
+) -> None:
+    fake.message_content_intent_enabled = False
+    bot = await make_bot(start=False)
+    await lib(bot.client.login(BOT_TOKEN))
+    with pytest.raises(discord.PrivilegedIntentsRequired):
+        await lib(bot.client.connect(reconnect=True))
+    assert fake.identifies == 0
+
+
+async def test_dm_arrives_on_a_dm_channel_and_the_bot_replies(fake: FakeDiscord, bot: Bot) -> None:
+    fake.dm(USER_ID, "psst")
+    await bot.wait_until(lambda: bot.from_people(), "the DM")
+    [message] = bot.from_people()
+    assert isinstance(message.channel, discord.DMChannel)
+    assert message.guild is None and message.content == "psst"
+    await lib(message.channel.send("hi there"))
+    dm_channel = fake.dm_channel(USER_ID)
+    assert dm_channel is not None
+    assert [s.content for s in fake.messages(dm_channel)] == ["hi there"]
+    opened = await lib(bot.client.create_dm(discord.Object(id=USER_ID + 1)))
+    assert opened.id == fake.dm_channel(USER_ID + 1)
+    assert fake.calls_to("POST", "/users/@me/channels")[0].body == {"recipient_id": USER_ID + 1}
+
+
+async def test_replayed_message_reaches_on_message_twice(fake: FakeDiscord, bot: Bot) -> None:
+    message = fake.user_message(CHANNEL_ID, "once")
+    fake.replay_message(message)
+    await bot.wait_until(lambda: len(bot.from_people()) == 2, "the replay")
+    assert [m.id for m in bot.from_people()] == [int(message["id"])] * 2
+
+
+# --- messages out ---
+
+
+async def test_send_and_edit_a_message(fake: FakeDiscord, bot: Bot) -> None:
+    text = channel(bot)
+    async with text.typing():
+        sent = await lib(text.send("thinking"))
+    assert fake.calls_to("POST", f"/channels/{CHANNEL_ID}/typing")
+    edited = await lib(sent.edit(content="done"))
+    assert edited.content == "done"
+    [stored] = fake.messages(CHANNEL_ID)
+    assert (stored.id, stored.content, stored.edits) == (sent.id, "done", ["done"])
+    # Discord echoes the bot's own message and its edit on the gateway
+    await bot.wait_until(lambda: bot.messages and bot.edits, "the echo and the edit")
+    assert bot.messages[0].author.id == BOT_USER_ID and bot.messages[0].id == sent.id
+    assert bot.edits[0].content == "done"
+
+
+async def test_reply_and_components(fake: FakeDiscord, bot: Bot) -> None:
+    fake.user_message(CHANNEL_ID, "question")
+    await bot.wait_until(lambda: bot.from_people(), "the question")
+    view = discord.ui.View()
+    view.add_item(discord.ui.Button(label="Stop", custom_id="stop"))
+    reply = await lib(bot.from_people()[0].reply("answer", view=view))
+    view.stop()
+    [stored] = fake.messages(CHANNEL_ID)
+    assert stored.reference == bot.from_people()[0].id
+    assert stored.components[0]["components"][0]["custom_id"] == "stop"
+    assert reply.reference is not None
+
+
+async def test_too_long_message_is_invalid_form_body(fake: FakeDiscord, bot: Bot) -> None:
+    with pytest.raises(discord.HTTPException) as raised:
+        await lib(channel(bot).send("x" * (MAX_CONTENT_CHARS + 1)))
+    assert raised.value.status == 400 and raised.value.code == 50035
+    await lib(channel(bot).send("x" * MAX_CONTENT_CHARS))
+    assert len(fake.messages(CHANNEL_ID)) == 1
+
+
+async def test_rate_limit_with_via_is_retried(fake: FakeDiscord, bot: Bot) -> None:
+    fake.fail_next("POST", f"/channels/{CHANNEL_ID}/messages", retry_after=0.05)
+    await lib(channel(bot).send("eventually"))
+    statuses = [c.status for c in fake.calls_to("POST", f"/channels/{CHANNEL_ID}/messages")]
+    assert statuses == [429, 200]
+    assert [s.content for s in fake.messages(CHANNEL_ID)] == ["eventually"]
+
+
+async def test_other_errors_raise_at_once(fake: FakeDiscord, bot: Bot) -> None:
+    fake.fail_next("POST", f"/channels/{CHANNEL_ID}/messages", status=403)
+    with pytest.raises(discord.Forbidden):
+        await lib(channel(bot).send("no"))
+    with pytest.raises(discord.NotFound) as raised:
+        await lib(bot.client.fetch_user(USER_ID))  # GET /users/{id}: not implemented
+    assert raised.value.text == "404: Not Found"
+    assert fake.messages(CHANNEL_ID) == []
+
+
+# --- threads ---
+
+
+async def test_thread_from_a_message(fake: FakeDiscord, bot: Bot) -> None:
+    fake.user_message(CHANNEL_ID, "start here")
+    await bot.wait_until(lambda: bot.from_people(), "the starter")
+    starter = bot.from_people()[0]
+    thread = await lib(starter.create_thread(name="a topic"))
+    assert isinstance(thread, discord.Thread)
+    assert thread.id == starter.id and thread.parent_id == CHANNEL_ID
+    assert fake.threads[thread.id]["name"] == "a topic"
+    assert fake.threads[thread.id]["parent_id"] == CHANNEL_ID
+    await bot.wait_until(lambda: bot.threads, "THREAD_CREATE")
+    fake.user_message(thread.id, "inside")
+    await bot.wait_until(lambda: len(bot.from_people()) == 2, "the message in the thread")
+    inside = bot.from_people()[1]
+    assert isinstance(inside.channel, discord.Thread)
+    assert inside.channel.id == thread.id and inside.channel.parent_id == CHANNEL_ID
+    assert inside.content == "inside"
+    await lib(inside.channel.send("answer in thread"))
+    assert [s.content for s in fake.messages(thread.id)] == ["answer in thread"]
+    with pytest.raises(discord.HTTPException) as raised:
+        await lib(starter.create_thread(name="again"))
+    assert raised.value.code == 160004
+
+
+# --- application commands ---
+
+
+async def test_command_tree_sync(fake: FakeDiscord, bot: Bot) -> None:
+    tree = app_commands.CommandTree(bot.client)
+
+    @tree.command(name="ask", description="Ask the agent")
+    async def ask(interaction: discord.Interaction, question: str) -> None:
+        raise AssertionError("not invoked")
+
+    synced = await lib(tree.sync())
+    assert [c.name for c in synced] == ["ask"]
+    assert [c["name"] for c in fake.commands] == ["ask"]
+    assert fake.calls_to("PUT", f"/applications/{APPLICATION_ID}/commands")
+
+
+# --- reconnecting ---
+
+
+async def _one_missed_message_then_a_sentinel(fake: FakeDiscord, bot: Bot) -> None:
+    """A message made while the client was away arrives once, before a later sentinel."""
+    missed = fake.user_message(CHANNEL_ID, "while away")
+    await bot.wait_until(lambda: bot.resumed == 1, "on_resumed")
+    sentinel = fake.user_message(CHANNEL_ID, "after")
+    await bot.wait_until(lambda: len(bot.from_people()) >= 2, "the sentinel")
+    assert [m.id for m in bot.from_people()] == [int(missed["id"]), int(sentinel["id"])]
+    assert fake.resumes == 1 and fake.identifies == 1 and bot.readies == 1
+
+
+async def test_reconnect_resumes_and_replays_once(fake: FakeDiscord, bot: Bot) -> None:
+    await fake.reconnect()
+    await _one_missed_message_then_a_sentinel(fake, bot)
+    assert fake.connections[-1].startswith("/resume/?v=10")
+    resume = next(f for f in fake.frames if f.op == 6)
+    assert resume.d["session_id"] == fake.session_id and resume.d["seq"] == 2
+
+
+async def test_dropped_socket_resumes_and_replays_once(fake: FakeDiscord, bot: Bot) -> None:
+    await fake.drop_gateway()
+    await _one_missed_message_then_a_sentinel(fake, bot)
+    assert fake.connections[-1].startswith("/resume/")
+
+
+async def test_closed_socket_resumes(fake: FakeDiscord, bot: Bot) -> None:
+    await fake.drop_gateway(abort=False)
+    await _one_missed_message_then_a_sentinel(fake, bot)
+
+
+async def test_resumable_invalid_session_resumes(fake: FakeDiscord, bot: Bot) -> None:
+    await fake.invalid_session(resumable=True)
+    await _one_missed_message_then_a_sentinel(fake, bot)
+
+
+async def test_invalid_session_identifies_again(fake: FakeDiscord, make_bot: MakeBot) -> None:
+    bot = await make_bot(client_class=NoIdentifyDelayClient)
+    first_session = fake.session_id
+    await fake.invalid_session(resumable=False)
+    await fake.wait_ready(2)
+    await bot.wait_until(lambda: bot.readies == 2, "the second on_ready")
+    assert fake.session_id != first_session and fake.resumes == 0
+    fake.user_message(CHANNEL_ID, "new session")
+    await bot.wait_until(lambda: bot.from_people(), "a message in the new session")
+    assert bot.client.get_guild(GUILD_ID) is not None
+
+
+async def test_client_close_is_clean(fake: FakeDiscord, bot: Bot) -> None:
+    await bot.close()
+    assert bot.task is not None and bot.task.done() and bot.task.exception() is None
+    await fake.wait_until(lambda: fake.open_sockets == 0, what="the socket to close")
+    assert not fake.live
+
+
+# --- interactions ---
+
+
+async def test_button_click_reaches_the_view(fake: FakeDiscord, bot: Bot) -> None:
+    clicks: list[discord.Interaction] = []
+    view = discord.ui.View(timeout=None)
+    stop = discord.ui.Button(label="Stop", custom_id="stop")
+    more = discord.ui.Button(label="More", custom_id="more")
+
+    async def on_stop(interaction: discord.Interaction) -> None:
+        clicks.append(interaction)
+        await interaction.response.edit_message(content="stopped", view=None)
+        bot.notify()
+
+    async def on_more(interaction: discord.Interaction) -> None:
+        clicks.append(interaction)
+        await interaction.response.send_message("only you see this", ephemeral=True)
+        bot.notify()
+
+    stop.callback = on_stop
+    more.callback = on_more
+    view.add_item(stop)
+    view.add_item(more)
+    sent = await lib(channel(bot).send("working", view=view))
+    try:
+        more_click = fake.button_click(sent.id, "more")
+        await bot.wait_until(lambda: len(clicks) == 1 and fake.interaction_callbacks, "more")
+        assert fake.interaction_state(more_click)["responded"] == 4
+        [_, ephemeral] = fake.messages(CHANNEL_ID)
+        assert ephemeral.ephemeral and ephemeral.content == "only you see this"
+        assert ephemeral.interaction_id == int(more_click["id"])
+
+        fake.button_click(sent.id, "stop", user_id=USER_ID)
+        await bot.wait_until(lambda: len(fake.interaction_callbacks) == 2, "stop")
+        assert [c["type"] for c in fake.interaction_callbacks] == [4, 7]
+        assert clicks[1].user.id == USER_ID and clicks[1].message is not None
+        original = fake.messages(CHANNEL_ID)[0]
+        assert (original.content, original.components, original.edits) == (
+            "stopped",
+            [],
+            ["stopped"],
+        )
+        # the ephemeral answer was not echoed on the gateway; the edit was
+        await bot.wait_until(lambda: bot.edits, "the edit echo")
+        assert [m.id for m in bot.messages] == [sent.id]
+    finally:
+        view.stop()
+
+
+async def test_slash_command_defer_then_edit_and_follow_up(fake: FakeDiscord, bot: Bot) -> None:
+    tree = app_commands.CommandTree(bot.client)
+    answered = asyncio.Event()
+    questions: list[str] = []
+
+    @tree.command(name="ask", description="Ask the agent")
+    async def ask(interaction: discord.Interaction, question: str) -> None:
+        questions.append(question)
+        await interaction.response.defer(thinking=True)
+        await interaction.edit_original_response(content="the answer")
+        await interaction.followup.send("and one more thing")
+        answered.set()
+
+    await lib(tree.sync())
+    command = fake.slash_command("ask", {"question": "why?"})
+    await lib(answered.wait())
+    assert questions == ["why?"]
+    state = fake.interaction_state(command)
+    assert state["responded"] == 5 and len(state["followups"]) == 1
+    assert [(m.content, m.edits) for m in fake.messages(CHANNEL_ID)] == [
+        ("the answer", ["the answer"]),
+        ("and one more thing", []),
+    ]
+    assert fake.messages(CHANNEL_ID)[0].id == state["original"]
+    # callbacks and webhooks carry no bot token: the path's token is the credential
+    webhook_calls = [c for c in fake.calls if c.path.startswith(("/interactions", "/webhooks"))]
+    assert webhook_calls and all(c.status < 300 for c in webhook_calls)
+
+
+async def test_slash_command_in_a_dm(fake: FakeDiscord, bot: Bot) -> None:
+    tree = app_commands.CommandTree(bot.client)
+    seen: list[discord.Interaction] = []
+
+    @tree.command(name="ping", description="Ping")
+    async def ping(interaction: discord.Interaction) -> None:
+        seen.append(interaction)
+        await interaction.response.send_message("pong")
+
+    await lib(tree.sync())
+    fake.dm(USER_ID, "hello")  # opens the DM channel
+    dm_channel = fake.dm_channel(USER_ID)
+    assert dm_channel is not None
+    fake.slash_command("ping", channel_id=dm_channel)
+    await fake.wait_until(lambda: fake.interaction_callbacks, what="the pong")
+    assert seen[0].guild is None and isinstance(seen[0].channel, discord.DMChannel)
+    assert [m.content for m in fake.messages(dm_channel)] == ["pong"]
+
+
+async def test_member_chunking_at_startup(fake: FakeDiscord, make_bot: MakeBot) -> None:
+    """With the members intent discord.py asks for the members (op 8) before on_ready."""
+    intents = all_intents()
+    intents.members = True
+    bot = await make_bot(intents=intents)
+    guild = bot.client.get_guild(GUILD_ID)
+    assert guild is not None and guild.chunked
+    assert {m.id for m in guild.members} >= {BOT_USER_ID, USER_ID}
+    assert [f.d["guild_id"] for f in fake.frames if f.op == 8] == [GUILD_ID]
+
+
+async def test_new_channel_is_announced(fake: FakeDiscord, bot: Bot) -> None:
+    channel_id = fake.add_text_channel("random")
+    fake.user_message(channel_id, "over here")
+    await bot.wait_until(lambda: bot.from_people(), "the message in the new channel")
+    message = bot.from_people()[0]
+    assert isinstance(message.channel, discord.TextChannel) and message.channel.name == "random"
+    await lib(message.channel.send("hi"))
+    assert [s.content for s in fake.messages(channel_id)] == ["hi"]
