@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
@@ -169,6 +170,8 @@ class SlackChannel:
             await self._who_am_i()
         except SlackApiError as exc:
             problems.append(_token_problem("bot token", self._settings.bot_token_env, exc))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return [*problems, f"cannot reach Slack at {self._settings.api_url}: {exc}"]
         if self._settings.mode == "socket" and self._tokens.app:
             try:
                 await self._client.apps_connections_open(app_token=self._tokens.app)

@@ -294,3 +294,12 @@ async def test_socket_mode_without_an_app_token_says_what_to_do() -> None:
         "Slack Socket Mode needs an app-level token (xapp-..., with connections:write) in "
         '$KAIWA_SLACK_APP_TOKEN, or set [channels.slack].mode = "http"'
     ]
+
+
+async def test_an_unreachable_slack_is_one_line() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}/api/"
+    channel = SlackChannel(SlackSettings(api_url=url), SlackTokens(bot=BOT_TOKEN, app=APP_TOKEN))
+    (problem,) = await channel.problems()
+    assert problem.startswith(f"cannot reach Slack at {url}: ")
