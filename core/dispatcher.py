@@ -78,36 +78,22 @@ class Dispatcher:
         channel = self._channels[message.platform]
         refusal = self._access.refusal(message)
         if refusal is not None:
-            self._store.mark_inbound(event_id, "refused")
             logger.warning(
                 "refused a message from %s user %s in %s (not on the allow-lists)",
                 message.platform,
                 message.author_id,
                 message.place,
             )
-            await channel.notify(message.place, refusal)
+            await self._refuse(event_id, channel, message, refusal)
             return
         command = parse_command(message.text)
         if command is not None:
             self._store.mark_inbound(event_id, "command")
             await self._run_command(message, channel, command)
             return
-        agent = self._runner.settings.agent
-        if message.images and not agent.images:
-            self._store.mark_inbound(event_id, "refused")
-            await channel.notify(
-                message.place,
-                f"I can't see images: {agent.model} does not read them. Send your question as "
-                f"text, or set [agents.{agent.name}].images = true for a vision model.",
-            )
-            return
-        if len(message.text) > self._max_chars:
-            self._store.mark_inbound(event_id, "refused")
-            await channel.notify(
-                message.place,
-                f"Your message is {len(message.text):,} characters; the limit is "
-                f"{self._max_chars:,} ([limits].max_message_chars). Shorten or split it.",
-            )
+        refusal = self._content_refusal(message)
+        if refusal is not None:
+            await self._refuse(event_id, channel, message, refusal)
             return
         self._runner.submit(
             TurnRequest(
@@ -120,6 +106,27 @@ class Dispatcher:
                 images=message.images,
             )
         )
+
+    def _content_refusal(self, message: ChannelMessage) -> str | None:
+        """Why the model cannot take this message, in words for the person, or None."""
+        agent = self._runner.settings.agent
+        if message.images and not agent.images:
+            return (
+                f"I can't see images: {agent.model} does not read them. Send your question as "
+                f"text, or set [agents.{agent.name}].images = true for a vision model."
+            )
+        if len(message.text) > self._max_chars:
+            return (
+                f"Your message is {len(message.text):,} characters; the limit is "
+                f"{self._max_chars:,} ([limits].max_message_chars). Shorten or split it."
+            )
+        return None
+
+    async def _refuse(
+        self, event_id: int, channel: Channel, message: ChannelMessage, refusal: str
+    ) -> None:
+        self._store.mark_inbound(event_id, "refused")
+        await channel.notify(message.place, refusal)
 
     async def _run_command(
         self, message: ChannelMessage, channel: Channel, command: Command
