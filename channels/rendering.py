@@ -18,6 +18,9 @@ way everywhere:
 - Thinking and tool activity appear as one status line under the text while the reply streams,
   and never in the final text. A stopped reply ends with "(stopped)"; a failed one with its reason.
 - "Typing…" shows from the moment the reply opens until the first text is visible.
+- A platform whose messages can carry a Stop control (`Transport.controls`) gets every message
+  sent `live` while the reply streams; `finish` shows each one's final form without it, editing
+  a message whose text is already final just to take the control away.
 """
 
 import asyncio
@@ -47,16 +50,21 @@ class RateLimited(Exception):
 
 
 class Transport(Protocol):
-    """One place on one platform (a chat, a thread), in the platform's own terms."""
+    """One place on one platform (a chat, a thread), in the platform's own terms.
+
+    `live` is true while the reply is still being written: a transport with `controls` shows a
+    Stop control on such a message; others ignore it.
+    """
 
     limit: int
     measure: Callable[[str], int]
+    controls: bool
 
-    async def send(self, text: str) -> str:
+    async def send(self, text: str, *, live: bool) -> str:
         """Post a new message with `text` (Markdown); return its id. May raise RateLimited."""
         ...
 
-    async def edit(self, message_id: str, text: str) -> None:
+    async def edit(self, message_id: str, text: str, *, live: bool) -> None:
         """Replace a message's text (Markdown). May raise RateLimited."""
         ...
 
@@ -77,6 +85,8 @@ class RenderSettings:
 class _Shown:
     message_id: str
     text: str
+    live: bool
+    """Shown with a Stop control, which the final form must take away."""
 
 
 class StreamingReply:
@@ -95,7 +105,7 @@ class StreamingReply:
         if asyncio.get_running_loop().time() < self._quiet_until:
             return  # too soon (an interval or a rate limit): a later frame or `finish` shows it
         try:
-            await self._show(self._pieces(body))
+            await self._show(self._pieces(body), live=True)
         except RateLimited as limited:
             self._keep_quiet(limited.retry_after)
 
@@ -103,16 +113,20 @@ class StreamingReply:
         self._stop_typing()
         pieces = self._pieces(final_text(text, outcome, note))
         for _ in range(FINISH_ATTEMPTS):
-            if pieces == [shown.text for shown in self._shown]:
+            if self._shows_finally(pieces):
                 return
             await asyncio.sleep(max(0.0, self._quiet_until - asyncio.get_running_loop().time()))
             try:
-                await self._show(pieces)
+                await self._show(pieces, live=False)
                 return
             except RateLimited as limited:
                 logger.info("rate limited: trying again in %g s", limited.retry_after)
                 self._keep_quiet(limited.retry_after)
         logger.error("gave up showing a reply's final text after %d rate limits", FINISH_ATTEMPTS)
+
+    def _shows_finally(self, pieces: list[str]) -> bool:
+        shown = self._shown
+        return pieces == [s.text for s in shown] and not any(s.live for s in shown)
 
     def _keep_quiet(self, seconds: float) -> None:
         until = asyncio.get_running_loop().time() + seconds
@@ -121,17 +135,19 @@ class StreamingReply:
     def _pieces(self, text: str) -> list[str]:
         return split_message(text, self._transport.limit, self._transport.measure)
 
-    async def _show(self, pieces: list[str]) -> None:
+    async def _show(self, pieces: list[str], *, live: bool) -> None:
         """Make the platform show `pieces`: edit what changed, send what is new."""
         called = False
+        live = live and self._transport.controls
         for index, piece in enumerate(pieces):
             if index < len(self._shown):
                 shown = self._shown[index]
-                if shown.text != piece:
-                    await self._transport.edit(shown.message_id, piece)
-                    shown.text, called = piece, True
+                if shown.text != piece or shown.live != live:
+                    await self._transport.edit(shown.message_id, piece, live=live)
+                    shown.text, shown.live, called = piece, live, True
             else:
-                self._shown.append(_Shown(await self._transport.send(piece), piece))
+                message_id = await self._transport.send(piece, live=live)
+                self._shown.append(_Shown(message_id, piece, live))
                 called = True
         if called:
             self._keep_quiet(self._settings.min_interval)
@@ -164,7 +180,7 @@ async def send_notice(transport: Transport, text: str) -> None:
     for piece in split_message(text, transport.limit, transport.measure):
         for _ in range(FINISH_ATTEMPTS):
             try:
-                await transport.send(piece)
+                await transport.send(piece, live=False)
                 break
             except RateLimited as limited:
                 await asyncio.sleep(limited.retry_after)

@@ -84,6 +84,7 @@ class SlackTransport:
     """One Slack thread (or top-level DM) as `channels.rendering` sees it."""
 
     limit = MESSAGE_LIMIT
+    controls = False  # no Stop control: `live` changes nothing
 
     def __init__(
         self,
@@ -103,7 +104,7 @@ class SlackTransport:
     def measure(text: str) -> int:
         return len(text)
 
-    async def send(self, text: str) -> str:
+    async def send(self, text: str, *, live: bool) -> str:
         with _mapped_errors():
             posted = await self._client.chat_postMessage(
                 channel=self._channel, thread_ts=self._thread, text=slack_mrkdwn(text)
@@ -111,7 +112,7 @@ class SlackTransport:
         await self._stop_working()
         return str(posted["ts"])
 
-    async def edit(self, message_id: str, text: str) -> None:
+    async def edit(self, message_id: str, text: str, *, live: bool) -> None:
         with _mapped_errors():
             await self._client.chat_update(
                 channel=self._channel, ts=message_id, text=slack_mrkdwn(text)

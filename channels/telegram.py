@@ -50,6 +50,7 @@ class TelegramTransport:
     """One Telegram chat as `channels.rendering` sees it."""
 
     limit = MESSAGE_LIMIT
+    controls = False  # no Stop control: `live` changes nothing
     measure = staticmethod(utf16_len)
 
     def __init__(self, app: Application, chat_id: int, reply_to: int | None) -> None:
@@ -57,7 +58,7 @@ class TelegramTransport:
         self._chat_id = chat_id
         self._reply_to = reply_to
 
-    async def send(self, text: str) -> str:
+    async def send(self, text: str, *, live: bool) -> str:
         reply = ReplyParameters(self._reply_to, allow_sending_without_reply=True)
         with _mapped_errors():
             try:
@@ -75,7 +76,7 @@ class TelegramTransport:
         self._reply_to = None  # only the first message of a reply answers the person's message
         return str(sent.message_id)
 
-    async def edit(self, message_id: str, text: str) -> None:
+    async def edit(self, message_id: str, text: str, *, live: bool) -> None:
         with _mapped_errors():
             try:
                 await self._bot.edit_message_text(

@@ -19,8 +19,10 @@ class Board:
 
     limit = 50
 
-    def __init__(self) -> None:
+    def __init__(self, *, controls: bool = False) -> None:
+        self.controls = controls
         self.messages: list[str] = []
+        self.live: list[bool] = []
         self.calls: list[str] = []
         self.typing_shown = asyncio.Event()
         self.limited: list[float] = []
@@ -29,14 +31,16 @@ class Board:
     def measure(text: str) -> int:
         return len(text)
 
-    async def send(self, text: str) -> str:
+    async def send(self, text: str, *, live: bool) -> str:
         self._maybe_limit("send")
         self.messages.append(text)
+        self.live.append(live)
         return str(len(self.messages) - 1)
 
-    async def edit(self, message_id: str, text: str) -> None:
+    async def edit(self, message_id: str, text: str, *, live: bool) -> None:
         self._maybe_limit("edit")
         self.messages[int(message_id)] = text
+        self.live[int(message_id)] = live
 
     async def typing(self) -> None:
         self.calls.append("typing")
@@ -163,3 +167,36 @@ async def test_finish_with_nothing_new_makes_no_call(board: Board) -> None:
     await reply.update(Frame("all of it"))
     await reply.finish("all of it", Outcome.DONE, None)
     assert board.calls.count("edit") == 0
+    assert board.live == [False], "no controls on this platform, so nothing is ever live"
+
+
+async def test_controls_show_while_streaming_and_go_with_the_final_form() -> None:
+    board = Board(controls=True)
+    reply = StreamingReply(board, RenderSettings())
+    await reply.update(Frame("Half of it"))
+    assert board.live == [True]
+    await reply.finish("Half of it, and the rest.", Outcome.DONE, None)
+    assert board.messages == ["Half of it, and the rest."]
+    assert board.live == [False]
+
+
+async def test_controls_are_taken_away_even_when_the_text_is_already_final() -> None:
+    board = Board(controls=True)
+    reply = StreamingReply(board, RenderSettings(min_interval=0.05))
+    loop = asyncio.get_running_loop()
+    await reply.update(Frame("all of it"))
+    shown_at = loop.time()
+    await reply.finish("all of it", Outcome.DONE, None)
+    assert board.live == [False]
+    assert board.calls.count("edit") == 1
+    assert loop.time() - shown_at >= 0.05, "taking the control away is a change like any other"
+
+
+async def test_every_overflow_message_loses_its_control_at_the_end() -> None:
+    board = Board(controls=True)
+    reply = StreamingReply(board, RenderSettings())
+    await reply.update(Frame("word " * 8))
+    await reply.update(Frame("word " * 16))
+    assert board.live == [True, True]
+    await reply.finish("word " * 16, Outcome.DONE, None)
+    assert board.live == [False, False]
