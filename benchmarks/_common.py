@@ -179,7 +179,7 @@ def build_kaiwa(
 ) -> Kaiwa:
     """The real turn path, wired as tests/core/conftest.py does; no tools, so Kaiwa sends the
     same request body as the bare client (plus keep_alive)."""
-    from core.dispatcher import AccessRules, Dispatcher
+    from core.dispatcher import AccessRules, Allowed, Dispatcher
     from core.model import ModelClient, ModelSettings
     from core.store import Store
     from core.turns import AgentProfile, TurnRunner, TurnSettings
@@ -199,7 +199,7 @@ def build_kaiwa(
     agent = AgentProfile(name="assistant", model=MODEL, system_prompt=SYSTEM_PROMPT, tools={})
     settings = TurnSettings(agent=agent, max_cached_conversations=max(1000, 2 * max_concurrent))
     runner = TurnRunner(store, model, channels, settings)
-    access = AccessRules({PLATFORM: None})
+    access = AccessRules({PLATFORM: Allowed(users=None)})
     dispatcher = Dispatcher(store, runner, channels, access, max_message_chars=16_000)
     return Kaiwa(store, model, channel, runner, dispatcher)
 

@@ -55,7 +55,7 @@ import ollama
 from benchmarks import _common as bench  # clears the proxy variables
 from channels.settings import TelegramSettings
 from channels.telegram import PLATFORM, TelegramChannel
-from core.dispatcher import AccessRules, Dispatcher
+from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.model import ModelClient, ModelSettings
 from core.store import Store
 from core.turns import AgentProfile, TurnRunner, TurnSettings
@@ -128,7 +128,7 @@ async def telegram_bot(
             name="assistant", model=bench.MODEL, system_prompt=bench.SYSTEM_PROMPT, tools={}
         )
         runner = TurnRunner(store, model, channels, TurnSettings(agent=agent))
-        access = AccessRules({PLATFORM: None})
+        access = AccessRules({PLATFORM: Allowed(users=None)})
         dispatcher = Dispatcher(store, runner, channels, access, max_message_chars=16_000)
         reading = asyncio.create_task(channel.run(dispatcher.handle))
         try:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
@@ -22,7 +22,7 @@ from bot.logs import setup_logging
 from channels.settings import SlackSettings
 from channels.terminal import TerminalChannel, stdin_lines
 from core.channel import Channel
-from core.dispatcher import AccessRules, Dispatcher
+from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.model import ModelClient
 from core.store import Store
 from core.tools import ToolRegistry, builtin_tools
@@ -163,14 +163,35 @@ async def _serve(
 
 
 def access_rules(config: Config) -> AccessRules:
-    telegram, slack = config.channels.telegram, config.channels.slack
-    users = {
-        "terminal": None,
-        "telegram": None if telegram.anyone else frozenset(map(str, telegram.allowed_users)),
-        "slack": None if slack.anyone else frozenset(slack.allowed_users),
-    }
-    rooms = {"slack": frozenset(slack.allowed_channels)} if slack.allowed_channels else {}
-    return AccessRules(users, rooms)
+    telegram, slack, discord = (
+        config.channels.telegram,
+        config.channels.slack,
+        config.channels.discord,
+    )
+    return AccessRules(
+        {
+            "terminal": Allowed(users=None),
+            "telegram": Allowed(users=_people(telegram.allowed_users, telegram.anyone)),
+            "slack": Allowed(
+                users=_people(slack.allowed_users, slack.anyone),
+                rooms=_ids(slack.allowed_channels),
+            ),
+            "discord": Allowed(
+                users=_people(discord.allowed_users, discord.anyone),
+                roles=_ids(discord.allowed_roles),
+                spaces=_ids(discord.allowed_guilds),
+                rooms=_ids(discord.allowed_channels),
+            ),
+        }
+    )
+
+
+def _people(ids: Sequence[int | str], anyone: bool) -> frozenset[str] | None:
+    return None if anyone else _ids(ids)
+
+
+def _ids(ids: Sequence[int | str]) -> frozenset[str]:
+    return frozenset(map(str, ids))
 
 
 def _announce_ready(adapters: list[Adapter], settings: TurnSettings) -> None:

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from channels.settings import SlackSettings, TelegramSettings, TerminalSettings
+from channels.settings import DiscordSettings, SlackSettings, TelegramSettings, TerminalSettings
 from core.errors import ConfigError
 from core.model import ModelSettings
 
 CONFIG_ENV = "KAIWA_CONFIG"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SLACK_MODES = ("socket", "http")
+THREAD_ARCHIVE_MINUTES = (60, 1440, 4320, 10080)  # the durations Discord accepts
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are Kaiwa, a helpful assistant in a chat. Answer plainly and briefly unless asked for "
@@ -77,6 +78,7 @@ class ChannelsConfig:
     terminal: TerminalSettings = field(default_factory=TerminalSettings)
     telegram: TelegramSettings = field(default_factory=TelegramSettings)
     slack: SlackSettings = field(default_factory=SlackSettings)
+    discord: DiscordSettings = field(default_factory=DiscordSettings)
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ class Config:
             slack.bot_token_env,
             slack.app_token_env,
             slack.signing_secret_env,
+            self.channels.discord.token_env,
         ]
         return [os.environ[name] for name in names if os.environ.get(name)]
 
@@ -204,6 +207,7 @@ def _checked(config: Config) -> Config:
         "channels.telegram.edit_interval": config.channels.telegram.edit_interval,
         "channels.telegram.poll_timeout": config.channels.telegram.poll_timeout,
         "channels.slack.edit_interval": config.channels.slack.edit_interval,
+        "channels.discord.edit_interval": config.channels.discord.edit_interval,
     }
     for name, agent in config.agents.items():
         positive[f"agents.{name}.max_iterations"] = agent.max_iterations
@@ -216,6 +220,12 @@ def _checked(config: Config) -> Config:
         raise ConfigError(
             f"'channels.slack.mode' must be one of {', '.join(SLACK_MODES)}, "
             f"got {config.channels.slack.mode!r}"
+        )
+    archive = config.channels.discord.thread_archive_minutes
+    if archive not in THREAD_ARCHIVE_MINUTES:
+        raise ConfigError(
+            f"'channels.discord.thread_archive_minutes' must be one of "
+            f"{', '.join(map(str, THREAD_ARCHIVE_MINUTES))} (Discord's choices), got {archive}"
         )
     for key, level in (
         ("logging.level", config.logging.level),

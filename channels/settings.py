@@ -51,3 +51,22 @@ class SlackSettings:
     http_port: int = 3000
     http_path: str = "/slack/events"
     api_url: str = "https://slack.com/api/"
+
+
+@dataclass(frozen=True)
+class DiscordSettings:
+    enabled: bool = True
+    token_env: str = "KAIWA_DISCORD_TOKEN"
+    allowed_users: list[int] = field(default_factory=list)
+    allowed_roles: list[int] = field(default_factory=list)
+    allowed_channels: list[int] = field(default_factory=list)
+    allowed_guilds: list[int] = field(default_factory=list)
+    anyone: bool = False
+    answer_bots: bool = False
+    slash_commands: bool = True
+    thread_archive_minutes: int = 1440
+    show_thinking: bool = True
+    show_tools: bool = True
+    edit_interval: float = 1.0
+    api_base: str = "https://discord.com/api/v10"
+    gateway_url: str = "wss://gateway.discord.gg/"

@@ -21,8 +21,10 @@ class ChannelMessage:
 
     `place` is the conversation key (`terminal:<session>`, `telegram:<chat>`, ...); `message_id`
     is the platform's own id for the message, the basis of deduplication. `images` are the bytes
-    of attached pictures (a photo's caption is `text`). `room` is the platform's channel id, for
-    access rules that name channels; empty for a direct conversation with the bot.
+    of attached pictures (a photo's caption is `text`). For access rules: `room` is the platform's
+    channel id and `space` the server it belongs to (a Discord guild), both empty for a direct
+    conversation with the bot; `author_roles` are the author's role ids where a platform has
+    roles.
     """
 
     platform: str
@@ -33,6 +35,8 @@ class ChannelMessage:
     author_name: str = ""
     images: tuple[bytes, ...] = ()
     room: str = ""
+    space: str = ""
+    author_roles: tuple[str, ...] = ()
 
 
 class Outcome(StrEnum):

@@ -24,29 +24,51 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class AccessRules:
-    """Who may talk to the bot, per platform: a set of user ids, or None for anyone; and, where a
-    platform has rooms (channels, chats), optionally the rooms it answers in (absent: any)."""
+class Allowed:
+    """One platform's allow-lists, as ids in text. A person may talk to the bot when their id is
+    in `users` or they hold one of `roles` (`users` None: anyone). An empty `spaces` (servers)
+    or `rooms` (channels) list means any; a direct conversation has neither and is governed by
+    the person alone."""
 
-    allowed: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
-    rooms: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    users: frozenset[str] | None = frozenset()
+    roles: frozenset[str] = frozenset()
+    spaces: frozenset[str] = frozenset()
+    rooms: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class AccessRules:
+    """Who may talk to the bot, and where, per platform; a platform not named is closed."""
+
+    platforms: Mapping[str, Allowed] = field(default_factory=dict)
 
     def refusal(self, message: ChannelMessage) -> str | None:
         """Why `message` is refused, in words for the person, or None if it is allowed."""
         key = f"[channels.{message.platform}]"
-        users = self.allowed.get(message.platform, frozenset())
-        if users is not None and message.author_id not in users:
+        allowed = self.platforms.get(message.platform, Allowed())
+        if not _person_allowed(allowed, message):
+            roles = f" (or one of your roles to {key}.allowed_roles)" if allowed.roles else ""
             return (
                 "Sorry, you are not allowed to use this bot. Ask its operator to add your user "
-                f"id {message.author_id} to {key}.allowed_users."
+                f"id {message.author_id} to {key}.allowed_users{roles}."
             )
-        rooms = self.rooms.get(message.platform)
-        if rooms is not None and message.room and message.room not in rooms:
+        if allowed.spaces and message.space and message.space not in allowed.spaces:
+            return (
+                f"Sorry, this bot does not answer on this server. Its operator can add it "
+                f"({message.space}) to {key}.allowed_guilds."
+            )
+        if allowed.rooms and message.room and message.room not in allowed.rooms:
             return (
                 f"Sorry, this bot does not answer here. Its operator can add this channel "
                 f"({message.room}) to {key}.allowed_channels."
             )
         return None
+
+
+def _person_allowed(allowed: Allowed, message: ChannelMessage) -> bool:
+    if allowed.users is None or message.author_id in allowed.users:
+        return True
+    return not allowed.roles.isdisjoint(message.author_roles)
 
 
 class Dispatcher:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from core.channel import Channel, ChannelMessage
-from core.dispatcher import AccessRules, Dispatcher
+from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.model import ModelClient
 from core.store import Store
 from core.tables import Message, Turn
@@ -91,7 +91,8 @@ async def make_bot(
         tools: list[Tool] | None = None,
         channel: Channel | None = None,
         allowed: frozenset[str] | None = None,
-        rooms: frozenset[str] | None = None,
+        rooms: frozenset[str] = frozenset(),
+        access: Allowed | None = None,
         max_message_chars: int = 1000,
         max_cached_conversations: int = 100,
         max_iterations: int = 10,
@@ -120,7 +121,7 @@ async def make_bot(
             used_store,
             runner,
             channels,
-            AccessRules({channel.platform: allowed}, {channel.platform: rooms} if rooms else {}),
+            AccessRules({channel.platform: access or Allowed(users=allowed, rooms=rooms)}),
             max_message_chars=max_message_chars,
         )
         return Bot(used_store, channel, runner, dispatcher, ollama)

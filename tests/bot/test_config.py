@@ -65,6 +65,12 @@ def test_a_bound_is_checked(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_a_thread_archive_duration_discord_does_not_offer(tmp_path: Path) -> None:
+    path = write(tmp_path, "[channels.discord]\nthread_archive_minutes = 30\n")
+    with pytest.raises(ConfigError, match=r"thread_archive_minutes' must be one of 60, 1440"):
+        load_config(path)
+
+
 def test_invalid_toml_says_so(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(write(tmp_path, "[ollama\n"))

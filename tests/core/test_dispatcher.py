@@ -7,7 +7,7 @@ import pytest
 
 from core.channel import ChannelMessage, Outcome
 from core.commands import parse_command
-from core.dispatcher import AccessRules, Dispatcher
+from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.model import ModelClient
 from core.store import Store
 from core.turns import AgentProfile, TurnRunner, TurnSettings
@@ -137,7 +137,7 @@ async def test_a_room_not_on_the_list_is_refused(
 ) -> None:
     channel = RecordingChannel()
     runner = TurnRunner(store, model, {"test": channel}, TurnSettings(agent=AGENT))
-    rules = AccessRules({"test": None}, rooms={"test": frozenset({"C-ok"})})
+    rules = AccessRules({"test": Allowed(users=None, rooms=frozenset({"C-ok"}))})
     dispatcher = Dispatcher(store, runner, {"test": channel}, rules, max_message_chars=100)
 
     await dispatcher.handle(ChannelMessage("test", PLACE, "m1", "ann", "hi", room="C-other"))
@@ -146,6 +146,32 @@ async def test_a_room_not_on_the_list_is_refused(
     (notice,) = channel.notices_in(PLACE)
     assert "does not answer here" in notice and "allowed_channels" in notice
     assert ollama.requests == []
+
+
+def test_a_role_on_the_list_lets_a_person_in() -> None:
+    rules = AccessRules({"test": Allowed(users=frozenset({"ann"}), roles=frozenset({"r-team"}))})
+
+    def message(author: str, roles: tuple[str, ...]) -> ChannelMessage:
+        return ChannelMessage("test", PLACE, "m1", author, "hi", author_roles=roles)
+
+    assert rules.refusal(message("ann", ())) is None
+    assert rules.refusal(message("bob", ("r-other", "r-team"))) is None
+    refusal = rules.refusal(message("eve", ("r-other",)))
+    assert refusal is not None and "eve" in refusal and "allowed_roles" in refusal
+
+
+def test_a_server_not_on_the_list_is_refused_but_a_direct_message_is_not() -> None:
+    rules = AccessRules({"test": Allowed(users=None, spaces=frozenset({"g-ok"}))})
+
+    elsewhere = ChannelMessage("test", PLACE, "m1", "ann", "hi", room="c1", space="g-other")
+    refusal = rules.refusal(elsewhere)
+    assert refusal is not None and "g-other" in refusal and "allowed_guilds" in refusal
+    assert rules.refusal(ChannelMessage("test", PLACE, "m2", "ann", "hi")) is None
+
+
+def test_a_platform_without_rules_is_closed() -> None:
+    refusal = AccessRules().refusal(ChannelMessage("other", PLACE, "m1", "ann", "hi"))
+    assert refusal is not None and "[channels.other].allowed_users" in refusal
 
 
 async def test_new_starts_a_fresh_conversation(bot: Bot) -> None:
