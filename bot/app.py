@@ -19,7 +19,7 @@ from typing import Protocol, TextIO
 from bot.checks import find_problems
 from bot.config import Config
 from bot.logs import setup_logging
-from channels.settings import SlackSettings
+from channels.settings import DiscordSettings, SlackSettings
 from channels.terminal import TerminalChannel, stdin_lines
 from core.channel import Channel
 from core.dispatcher import AccessRules, Allowed, Dispatcher
@@ -231,6 +231,9 @@ def _adapters(config: Config, terminal: TerminalIO) -> list[Adapter]:
     slack = config.channels.slack
     if slack.enabled and os.environ.get(slack.bot_token_env):
         adapters.append(_slack(slack))
+    discord = config.channels.discord
+    if discord.enabled and os.environ.get(discord.token_env):
+        adapters.append(_discord(discord))
     return adapters
 
 
@@ -248,6 +251,17 @@ def _slack(settings: SlackSettings) -> Adapter:
         signing_secret=os.environ.get(settings.signing_secret_env, ""),
     )
     return SlackChannel(settings, tokens)
+
+
+def _discord(settings: DiscordSettings) -> Adapter:
+    from channels.discord import DiscordChannel
+
+    if not (settings.anyone or settings.allowed_users or settings.allowed_roles):
+        logger.warning(
+            "Discord is on but nobody may use it: set [channels.discord].allowed_users or "
+            "allowed_roles (ids; Developer Mode → Copy ID), or anyone = true"
+        )
+    return DiscordChannel(settings, os.environ[settings.token_env])
 
 
 async def _no_lines() -> AsyncIterator[str]:

@@ -3,7 +3,7 @@ talking to the platform's fake on 127.0.0.1, wired to the whole turn path and th
 
 A platform harness knows how a person speaks on that platform and how to read what the bot
 shows there; the suite in test_conformance.py asks for the same behaviours of every platform.
-Slack and Discord add a class here and join the `platform` fixture's parameters.
+A new platform adds a class here and joins the `platform` fixture's parameters.
 """
 
 import asyncio
@@ -13,9 +13,14 @@ from typing import Any, Protocol
 
 import pytest
 
-from channels.settings import SlackSettings, TelegramSettings
+from channels.discord import DiscordChannel
+from channels.settings import DiscordSettings, SlackSettings, TelegramSettings
 from channels.slack import SlackChannel, SlackTokens
 from channels.telegram import TelegramChannel
+from core.dispatcher import Allowed
+from tests.fakes.discord import BOT_TOKEN as DISCORD_BOT_TOKEN
+from tests.fakes.discord import USER_ID as DISCORD_USER_ID
+from tests.fakes.discord import FakeDiscord
 from tests.fakes.slack import APP_TOKEN as SLACK_APP_TOKEN
 from tests.fakes.slack import BOT_TOKEN as SLACK_BOT_TOKEN
 from tests.fakes.slack import TEAM as SLACK_TEAM
@@ -207,8 +212,89 @@ async def slack_platform(
             await channel.close()
 
 
-@pytest.fixture(params=["telegram", "slack"])
+class DiscordPlatform:
+    """Each chat is the direct message channel of the person with that id."""
+
+    name = "discord"
+    limit = 2000
+
+    def __init__(self, fake: FakeDiscord, bot: Bot) -> None:
+        self.fake = fake
+        self.bot = bot
+        self._said: dict[str, dict[str, Any]] = {}
+
+    def place(self, chat: int) -> str:
+        return f"discord:dm:{self.fake.dm_channel(chat)}"
+
+    def say(self, chat: int, text: str, *, user: int | None = None) -> str:
+        assert user in (None, chat), "a Discord DM channel belongs to one person"
+        message = self.fake.dm(chat, text)
+        self._said[message["id"]] = message
+        return str(message["id"])
+
+    def say_again(self, chat: int, message_id: str) -> None:
+        self.fake.replay_message(self._said[message_id])
+
+    def shown(self, chat: int) -> list[str]:
+        channel = self.fake.dm_channel(chat)
+        return [] if channel is None else [sent.content for sent in self.fake.messages(channel)]
+
+    def edit_times(self, chat: int) -> list[float]:
+        edits = self.fake.calls_to("PATCH", f"/channels/{self.fake.dm_channel(chat)}/messages/")
+        return [call.at for call in edits if call.status == 200]
+
+    def rate_limit_next_edit(self, retry_after: int) -> None:
+        self.fake.fail_next("PATCH", "/channels/", status=429, retry_after=retry_after)
+
+    def fences_intact(self, chat: int) -> bool:
+        return all(text.count("```") % 2 == 0 for text in self.shown(chat))
+
+    async def wait_until(self, condition: Callable[[], object], what: str) -> None:
+        await self.fake.wait_until(condition, what=what)
+
+
+@contextlib.asynccontextmanager
+async def discord_platform(
+    make_bot: BotFactory,
+    *,
+    fake: FakeDiscord | None = None,
+    access: Allowed | None = None,
+    edit_interval: float = 0.05,
+    **settings: Any,
+) -> AsyncIterator[DiscordPlatform]:
+    """A running Discord channel on the fake Discord (REST and gateway); stops as the app does."""
+    async with contextlib.AsyncExitStack() as stack:
+        if fake is None:
+            fake = await stack.enter_async_context(FakeDiscord())
+        channel = DiscordChannel(
+            DiscordSettings(
+                api_base=fake.api_base,
+                gateway_url=fake.gateway_url,
+                edit_interval=edit_interval,
+                **settings,
+            ),
+            DISCORD_BOT_TOKEN,
+            guild_ready_timeout=0.01,
+        )
+        people = Allowed(users=ALLOWED | {str(DISCORD_USER_ID)})
+        bot = make_bot(channel=channel, access=access or people)
+        reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+        await asyncio.wait_for(channel.listening.wait(), 5)
+        try:
+            yield DiscordPlatform(fake, bot)
+        finally:
+            await channel.stop_receiving()
+            await asyncio.wait_for(reading, 10)
+            await bot.runner.shutdown()
+            await channel.close()
+
+
+@pytest.fixture(params=["telegram", "slack", "discord"])
 async def platform(request: pytest.FixtureRequest, make_bot: BotFactory) -> AsyncIterator[Platform]:
-    factories = {"telegram": telegram_platform, "slack": slack_platform}
+    factories = {
+        "telegram": telegram_platform,
+        "slack": slack_platform,
+        "discord": discord_platform,
+    }
     async with factories[request.param](make_bot) as running:
         yield running

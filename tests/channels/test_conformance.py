@@ -10,9 +10,12 @@ from core.channel import Outcome
 from tests.channels.platforms import ANN, BOB, MALLORY, Platform
 from tests.fakes.ollama import ChunkDelay, Pause, Text
 
-CODE = (
-    "```python\n" + "\n".join(f"print({n})  # line {n} of the example" for n in range(90)) + "\n```"
-)
+SENTENCE = "A paragraph of explanation that goes on for a while. "
+
+
+def code_block(lines: int) -> str:
+    body = "\n".join(f"print({n})  # line {n} of the example" for n in range(lines))
+    return f"```python\n{body}\n```"
 
 
 async def test_each_chat_is_its_own_conversation(platform: Platform) -> None:
@@ -44,13 +47,15 @@ async def test_a_streamed_reply_is_edited_no_faster_than_the_interval(platform: 
 
 
 async def test_a_long_reply_is_split_without_breaking_code(platform: Platform) -> None:
-    prose = "A paragraph of explanation that goes on for a while. " * 40
-    answer = f"{prose}\n\n{CODE}\n\n{prose}\n\n{prose}"
+    """About two and a half messages' worth, in proportion to the platform's limit."""
+    sentences, lines = platform.limit // 100, platform.limit // 45
+    prose = SENTENCE * sentences
+    answer = f"{prose}\n\n{code_block(lines)}\n\n{prose}\n\n{prose}"
     platform.bot.ollama.script(Text(answer, chunks=20))
 
     platform.say(ANN, "explain with code")
     await platform.wait_until(
-        lambda: "".join(platform.shown(ANN)).count("A paragraph of explanation") == 120,
+        lambda: "".join(platform.shown(ANN)).count(SENTENCE.strip()) == 3 * sentences,
         "every paragraph on the platform",
     )
 
@@ -58,7 +63,7 @@ async def test_a_long_reply_is_split_without_breaking_code(platform: Platform) -
     assert len(shown) == 3
     assert all(len(text) <= platform.limit for text in shown)
     assert platform.fences_intact(ANN)
-    assert sum(text.count("print(") for text in shown) == 90
+    assert sum(text.count("print(") for text in shown) == lines
 
 
 async def test_a_rate_limit_delays_but_loses_nothing(platform: Platform) -> None:

@@ -1,0 +1,311 @@
+"""Discord beyond the shared conformance suite: threads, the three ways to stop, long replies,
+gateway drops and replays, start-up problems, access rules, through the real discord.py against
+the fake Discord and the fake Ollama."""
+
+import socket
+
+import pytest
+
+from channels.discord import STOP_BUTTON_ID, DiscordChannel
+from channels.settings import DiscordSettings
+from core.channel import ChannelMessage
+from core.dispatcher import Allowed
+from core.errors import ChannelError
+from tests.channels.platforms import DiscordPlatform, discord_platform
+from tests.fakes.discord import BOT_TOKEN, CHANNEL_ID, GUILD_ID, USER_ID, FakeDiscord, Sent
+from tests.fakes.ollama import Pause, Text
+from tests.harness import BotFactory
+
+STRANGER = 6666
+
+
+def place(thread: int) -> str:
+    return f"discord:{GUILD_ID}:{thread}"
+
+
+def said(fake: FakeDiscord, channel: int) -> list[str]:
+    """What everyone sees from the bot in a channel or thread (not private answers)."""
+    return [sent.content for sent in fake.messages(channel) if not sent.ephemeral]
+
+
+def private(fake: FakeDiscord, channel: int) -> list[str]:
+    return [sent.content for sent in fake.messages(channel) if sent.ephemeral]
+
+
+def has_stop_button(sent: Sent) -> bool:
+    buttons = [c for row in sent.components for c in row.get("components", [])]
+    return [button.get("custom_id") for button in buttons] == [STOP_BUTTON_ID]
+
+
+def open_thread(discord: DiscordPlatform, text: str, **options: int) -> int:
+    """A person mentions the bot in #general; the thread the bot opens takes the message's id."""
+    return int(discord.fake.user_message(CHANNEL_ID, text, mentions_bot=True, **options)["id"])
+
+
+async def test_a_mention_opens_a_thread_and_the_reply_streams_there(
+    make_bot: BotFactory,
+) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        discord.bot.ollama.script(Text("Hello"), Pause("mid"), Text(", Ann."))
+        thread = open_thread(discord, "what is a thread?\nTell me more.")
+        await fake.wait_until(lambda: said(fake, thread) == ["Hello"], what="the first part")
+        assert has_stop_button(fake.messages(thread)[0]), "a live reply can be stopped"
+        discord.bot.ollama.release("mid")
+        await fake.wait_until(
+            lambda: fake.messages(thread)[0].components == [], what="the finished reply"
+        )
+
+    assert fake.threads[thread]["name"] == "what is a thread?"
+    assert said(fake, CHANNEL_ID) == [], "nothing at the channel's top level"
+    (reply,) = fake.messages(thread)
+    assert reply.content == "Hello, Ann."
+    history = [m.text for m in discord.bot.history(place(thread))]
+    assert history == ["what is a thread?\nTell me more.", "Hello, Ann."]
+    typing = fake.calls_to("POST", f"/channels/{thread}/typing")
+    first_post = fake.calls_to("POST", f"/channels/{thread}/messages")[0]
+    assert typing and typing[0].at <= first_post.at, "typing shows before the first text"
+
+
+async def test_a_follow_up_in_the_thread_needs_no_mention(make_bot: BotFactory) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake, ollama = discord.fake, discord.bot.ollama
+        ollama.script(Text("Noted: 42."))
+        ollama.script(Text("You said 42."))
+        thread = open_thread(discord, "remember 42")
+        await fake.wait_until(lambda: said(fake, thread) == ["Noted: 42."], what="the first")
+        fake.user_message(thread, "what did I say?")
+        await fake.wait_until(lambda: len(said(fake, thread)) == 2, what="the second reply")
+    sent = [m["content"] for m in ollama.requests[1]["messages"]]
+    assert sent[-3:] == ["remember 42", "Noted: 42.", "what did I say?"]
+
+
+async def test_messages_in_the_channel_without_a_mention_are_not_for_the_bot(
+    make_bot: BotFactory,
+) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        discord.bot.ollama.script(Text("Only this."))
+        fake.user_message(CHANNEL_ID, "people talking among themselves")
+        thread = open_thread(discord, "now you")
+        await fake.wait_until(lambda: said(fake, thread) == ["Only this."], what="the reply")
+    assert len(discord.bot.ollama.requests) == 1
+    assert len(fake.threads) == 1
+
+
+@pytest.mark.parametrize("way", ["typed", "mention", "slash command", "button"])
+async def test_each_way_of_stopping_keeps_the_partial_text(make_bot: BotFactory, way: str) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake, ollama = discord.fake, discord.bot.ollama
+        ollama.script(Text("Half a story"), Pause("story"), Text(" never told"))
+        thread = open_thread(discord, "tell me a story")
+        await fake.wait_until(lambda: said(fake, thread) == ["Half a story"], what="streaming")
+        if way == "typed":
+            fake.user_message(thread, "/stop")
+        elif way == "mention":
+            fake.user_message(thread, "stop", mentions_bot=True)
+        elif way == "slash command":
+            fake.slash_command("stop", channel_id=thread)
+        else:
+            fake.button_click(fake.messages(thread)[0].id, STOP_BUTTON_ID)
+        answered = said if way in ("typed", "mention") else private
+        await fake.wait_until(lambda: "Stopped." in answered(fake, thread), what="the answer")
+
+    reply = fake.messages(thread)[0]
+    assert reply.content == "Half a story (stopped)"
+    assert reply.components == [], "no Stop button on a finished reply"
+    assert discord.bot.assistant_text(place(thread)) == "Half a story"
+    assert discord.bot.turns(place(thread))[-1].status == "stopped"
+
+
+async def test_a_long_reply_with_code_arrives_as_three_messages_with_intact_fences(
+    make_bot: BotFactory,
+) -> None:
+    prose = "These sentences explain what the code below is for and why. " * 20
+    code = "\n".join(f"total += values[{n}]  # add the value number {n}" for n in range(56))
+    answer = f"{prose}\n\n```python\n{code}\n```\n\n{prose}"
+    assert len(answer) > 5000
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        discord.bot.ollama.script(Text(answer, chunks=25))
+        thread = open_thread(discord, "show me the code")
+        await fake.wait_until(
+            lambda: (
+                "".join(said(fake, thread)).count("total +=") == 56
+                and all(not sent.components for sent in fake.messages(thread))
+            ),
+            what="the whole reply",
+        )
+    shown = said(fake, thread)
+    assert len(shown) == 3
+    assert all(len(text) <= 2000 for text in shown)
+    assert all(text.count("```") % 2 == 0 for text in shown)
+    assert shown[1].startswith("```python\n"), "the code block reopens with its language"
+
+
+@pytest.mark.parametrize("how", ["dropped", "reconnect", "invalid session"])
+async def test_a_gateway_interruption_mid_reply_loses_nothing_and_repeats_nothing(
+    make_bot: BotFactory, how: str
+) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake, ollama = discord.fake, discord.bot.ollama
+        ollama.script(Text("Before the drop"), Pause("drop"), Text(", and after."))
+        ollama.script(Text("Still here."))
+        thread = open_thread(discord, "keep going")
+        await fake.wait_until(lambda: said(fake, thread) == ["Before the drop"], what="streaming")
+        if how == "dropped":
+            await fake.drop_gateway()
+        elif how == "reconnect":
+            await fake.reconnect()
+        else:
+            await fake.invalid_session(resumable=True)
+        fake.user_message(thread, "are you there?")  # sent while the gateway is down
+        ollama.release("drop")
+        await fake.wait_until(
+            lambda: said(fake, thread) == ["Before the drop, and after.", "Still here."],
+            what="both replies",
+        )
+    assert fake.resumes == 1 and fake.identifies == 1, "the session was resumed"
+    assert len(ollama.requests) == 2
+
+
+async def test_a_replayed_mention_is_answered_once_in_one_thread(make_bot: BotFactory) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        discord.bot.ollama.script(Text("Only once."))
+        opened = fake.user_message(CHANNEL_ID, "hello", mentions_bot=True)
+        thread = int(opened["id"])
+        await fake.wait_until(lambda: said(fake, thread) == ["Only once."], what="the reply")
+        fake.replay_message(opened)
+        fake.user_message(thread, "/usage")
+        await fake.wait_until(lambda: len(said(fake, thread)) == 2, what="the /usage answer")
+    assert len(discord.bot.ollama.requests) == 1
+    assert said(fake, thread)[1].startswith("Usage of this conversation (1 turns)")
+    assert len(fake.calls_to("POST", f"/channels/{CHANNEL_ID}/messages/{thread}/threads")) == 1
+
+
+async def test_a_direct_message_is_a_conversation_and_new_starts_afresh(
+    make_bot: BotFactory,
+) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake, ollama = discord.fake, discord.bot.ollama
+        ollama.script(Text("Noted."))
+        ollama.script(Text("Fresh start."))
+        fake.dm(USER_ID, "remember 42")
+        dm = fake.dm_channel(USER_ID)
+        assert dm is not None
+        await fake.wait_until(lambda: said(fake, dm) == ["Noted."], what="the reply")
+        fake.dm(USER_ID, "/new")
+        fake.dm(USER_ID, "what did I say?")
+        await fake.wait_until(lambda: len(said(fake, dm)) == 3, what="the second reply")
+    assert said(fake, dm)[1] == "Started a new conversation."
+    sent = [m["content"] for m in ollama.requests[1]["messages"]]
+    assert "remember 42" not in sent
+
+
+async def test_slash_commands_are_registered_and_answer_privately(make_bot: BotFactory) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        assert [command["name"] for command in fake.commands] == ["stop", "new", "usage", "help"]
+        discord.bot.ollama.script(Text("Hi."))
+        thread = open_thread(discord, "hi")
+        await fake.wait_until(lambda: said(fake, thread) == ["Hi."], what="the reply")
+        fake.slash_command("help", channel_id=thread)
+        fake.slash_command("usage", channel_id=CHANNEL_ID)
+        await fake.wait_until(lambda: private(fake, thread), what="the /help answer")
+        await fake.wait_until(lambda: private(fake, CHANNEL_ID), what="the channel's answer")
+    assert private(fake, thread)[0].startswith("Commands:")
+    (outside,) = private(fake, CHANNEL_ID)
+    assert "mention me in a channel" in outside
+    assert said(fake, thread) == ["Hi."], "nothing public besides the reply"
+
+
+async def test_other_bots_are_ignored(make_bot: BotFactory) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        discord.bot.ollama.script(Text("For the person."))
+        thread = open_thread(discord, "hi")
+        await fake.wait_until(lambda: said(fake, thread) == ["For the person."], what="reply")
+        fake.user_message(thread, "beep boop", author_id=4242, bot=True)
+        fake.user_message(thread, "/usage")
+        await fake.wait_until(lambda: len(said(fake, thread)) == 2, what="the /usage answer")
+    assert len(discord.bot.ollama.requests) == 1
+
+
+async def test_the_bot_never_pings_anyone(make_bot: BotFactory) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        discord.bot.ollama.script(Text("Hey @everyone, look."))
+        thread = open_thread(discord, "shout")
+        await fake.wait_until(lambda: said(fake, thread), what="the reply")
+    (post,) = fake.calls_to("POST", f"/channels/{thread}/messages")
+    assert post.body["allowed_mentions"]["parse"] == []
+
+
+async def test_a_person_not_on_the_lists_is_refused_in_the_thread(make_bot: BotFactory) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        thread = open_thread(discord, "let me in", author_id=STRANGER)
+        await fake.wait_until(lambda: said(fake, thread), what="the refusal")
+    (refusal,) = said(fake, thread)
+    assert "not allowed" in refusal and str(STRANGER) in refusal
+    assert discord.bot.ollama.requests == []
+
+
+async def test_a_server_or_channel_not_on_the_lists_is_refused(make_bot: BotFactory) -> None:
+    elsewhere = Allowed(users=None, spaces=frozenset({"1"}))
+    async with discord_platform(make_bot, access=elsewhere) as discord:
+        fake = discord.fake
+        thread = open_thread(discord, "hello")
+        await fake.wait_until(lambda: said(fake, thread), what="the refusal")
+    (refusal,) = said(fake, thread)
+    assert f"({GUILD_ID}) to [channels.discord].allowed_guilds" in refusal
+
+    other_channel = Allowed(users=None, rooms=frozenset({"1"}))
+    async with discord_platform(make_bot, access=other_channel) as discord:
+        fake = discord.fake
+        thread = open_thread(discord, "hello")
+        await fake.wait_until(lambda: said(fake, thread), what="the refusal")
+    (refusal,) = said(fake, thread)
+    assert f"({CHANNEL_ID}) to [channels.discord].allowed_channels" in refusal
+
+
+async def test_a_missing_message_content_intent_is_reported_at_start_up() -> None:
+    async with FakeDiscord() as fake:
+        fake.message_content_intent_enabled = False
+        channel = DiscordChannel(settings(fake), BOT_TOKEN, guild_ready_timeout=0.01)
+        problems = await channel.problems()
+        with pytest.raises(ChannelError, match="Message Content Intent"):
+            await channel.run(nowhere)
+        await channel.close()
+    (problem,) = problems
+    assert problem.startswith("Discord would send every message without its text")
+    assert "Privileged Gateway Intents → Message Content Intent" in problem
+
+
+async def test_a_token_discord_rejects_is_named_without_the_token() -> None:
+    async with FakeDiscord() as fake:
+        channel = DiscordChannel(settings(fake), "not-the-token")
+        problems = await channel.problems()
+        await channel.close()
+    (problem,) = problems
+    assert problem.startswith("Discord rejected the bot token in $KAIWA_DISCORD_TOKEN")
+    assert "not-the-token" not in problem
+
+
+async def test_an_unreachable_discord_is_one_line() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        api = f"http://127.0.0.1:{probe.getsockname()[1]}/api/v10"
+    channel = DiscordChannel(DiscordSettings(api_base=api), BOT_TOKEN)
+    (problem,) = await channel.problems()
+    await channel.close()
+    assert problem.startswith(f"cannot reach Discord at {api}: ")
+
+
+def settings(fake: FakeDiscord) -> DiscordSettings:
+    return DiscordSettings(api_base=fake.api_base, gateway_url=fake.gateway_url)
+
+
+async def nowhere(message: ChannelMessage) -> None:
+    raise AssertionError(f"nothing should be delivered, got {message}")
