@@ -341,12 +341,12 @@ class SlackChannel:
         return known
 
     def _without_mention(self, text: str) -> tuple[str, bool]:
-        """The text with the bot's mention removed, and whether there was one. A mention
-        followed by a bare command word ("@kaiwa stop") is that command."""
+        """The text with the bot's mention removed (line breaks kept), and whether there was
+        one. A mention followed by a bare command word ("@kaiwa stop") is that command."""
         mention = f"<@{self._identity.get('user_id')}>"
         if mention not in text:
             return text, False
-        rest = " ".join(text.replace(mention, " ").split())
+        rest = re.sub(rf"[ \t]*{re.escape(mention)}[ \t]*", " ", text).strip()
         return (f"!{rest}" if rest.lower() in COMMAND_WORDS else rest), True
 
     async def _who_am_i(self) -> None:

@@ -38,6 +38,17 @@ async def test_a_mention_opens_a_thread_and_the_reply_streams_there(
     assert len(slack.bot.ollama.requests) == 1, "app_mention and message were answered once"
 
 
+async def test_a_mention_keeps_the_line_breaks_of_the_message(make_bot: BotFactory) -> None:
+    """Regression: removing the mention used to squash the whole message onto one line, code
+    blocks included."""
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        slack.bot.ollama.script(Text("Looks fine."))
+        opened = fake.mention(ROOM, "check this:\n```\nx = 1\n```", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the reply")
+    assert slack.bot.history(place(opened))[0].text == "check this:\n```\nx = 1\n```"
+
+
 async def test_a_follow_up_in_the_thread_needs_no_mention(make_bot: BotFactory) -> None:
     async with slack_platform(make_bot) as slack:
         fake, ollama = slack.fake, slack.bot.ollama
