@@ -56,6 +56,10 @@ with warnings.catch_warnings():
     import discord
     from discord import app_commands
 
+# Kaiwa never joins voice: keep discord.py from warning at every start that voice libraries are
+# not installed.
+discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = False
+
 logger = logging.getLogger(__name__)
 
 PLATFORM = "discord"

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from core.store import Store
+from tests.fakes.discord import BOT_TOKEN as DISCORD_TOKEN
+from tests.fakes.discord import FakeDiscord
 from tests.fakes.ollama import FakeOllama, Pause, Text
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
@@ -214,3 +216,28 @@ async def test_help(flag: str) -> None:
     code, out, _ = await finish(await kaiwa(flag))
     assert code == 0
     assert "usage: kaiwa" in out and "check" in out
+
+
+async def test_a_missing_discord_intent_stops_the_start_with_the_fix(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    async with FakeDiscord() as discord:
+        discord.message_content_intent_enabled = False
+        config = write_config(tmp_path, ollama.url)
+        config.write_text(
+            config.read_text()
+            + f'\n[channels.discord]\napi_base = "{discord.api_base}"\n'
+            + f'gateway_url = "{discord.gateway_url}"\n'
+        )
+        process = await kaiwa(
+            "--config", str(config), "run", env={"KAIWA_DISCORD_TOKEN": DISCORD_TOKEN}
+        )
+        code, out, err = await finish(process)
+    assert code == 1
+    assert (
+        "kaiwa: cannot start: Discord would send every message without its text: turn on the "
+        "Message Content intent: Discord Developer Portal → your application → Bot → Privileged "
+        "Gateway Intents → Message Content Intent"
+    ) in err.splitlines()
+    assert "Traceback" not in err and "PyNaCl" not in err
+    assert DISCORD_TOKEN not in out + err
