@@ -29,6 +29,12 @@ message while it is live. Mentions in the bot's text never ping anyone (`Allowed
 discord.py waits out a 429 itself (it honours `retry_after` and the bucket headers); only a wait
 longer than `max_ratelimit_timeout` comes back as `RateLimited`, so a reply skips frames instead
 of hanging for minutes.
+
+Concurrency: discord.py runs every event handler as a task of its own, so handlers interleave at
+each await. A slash command's or click's answer is routed by a context variable that is set only
+while that interaction's own command runs in the dispatcher, so a notice for another message in
+the same thread cannot take it (test_each_way_of_stopping_keeps_the_partial_text). `close` waits
+for the handlers still running, so none outlives the channel and its store.
 """
 
 import asyncio

@@ -259,6 +259,7 @@ async def discord_platform(
     *,
     fake: FakeDiscord | None = None,
     access: Allowed | None = None,
+    vision: bool = False,
     edit_interval: float = 0.05,
     **settings: Any,
 ) -> AsyncIterator[DiscordPlatform]:
@@ -277,7 +278,7 @@ async def discord_platform(
             guild_ready_timeout=0.01,
         )
         people = Allowed(users=ALLOWED | {str(DISCORD_USER_ID)})
-        bot = make_bot(channel=channel, access=access or people)
+        bot = make_bot(channel=channel, access=access or people, images=vision)
         reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
         await asyncio.wait_for(channel.listening.wait(), 5)
         try:

@@ -2,6 +2,7 @@
 gateway drops and replays, start-up problems, access rules, through the real discord.py against
 the fake Discord and the fake Ollama."""
 
+import base64
 import socket
 
 import pytest
@@ -240,6 +241,76 @@ async def test_the_bot_never_pings_anyone(make_bot: BotFactory) -> None:
         await fake.wait_until(lambda: said(fake, thread), what="the reply")
     (post,) = fake.calls_to("POST", f"/channels/{thread}/messages")
     assert post.body["allowed_mentions"]["parse"] == []
+
+
+async def test_a_thread_someone_else_opened_is_followed_once_the_bot_is_mentioned(
+    make_bot: BotFactory,
+) -> None:
+    async with FakeDiscord() as fake:
+        thread = fake.user_thread(CHANNEL_ID, "our own chat")
+        async with discord_platform(make_bot, fake=fake) as discord:
+            ollama = discord.bot.ollama
+            ollama.script(Text("Joined."))
+            fake.user_message(thread, "the bot should not answer this")
+            fake.user_message(thread, "what do you think?", mentions_bot=True)
+            await fake.wait_until(lambda: said(fake, thread) == ["Joined."], what="the reply")
+        assert [m.text for m in discord.bot.history(place(thread))][0] == "what do you think?"
+        assert len(fake.calls_to("PUT", f"/channels/{thread}/thread-members/@me")) == 1
+
+        async with discord_platform(make_bot, fake=fake) as restarted:
+            restarted.bot.ollama.script(Text("Still following."))
+            fake.user_message(thread, "and after a restart?")
+            await fake.wait_until(lambda: len(said(fake, thread)) == 2, what="the reply")
+        assert said(fake, thread)[1] == "Still following."
+
+
+async def test_an_archived_thread_continues_its_conversation(make_bot: BotFactory) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake, ollama = discord.fake, discord.bot.ollama
+        ollama.script(Text("Noted: 42."))
+        ollama.script(Text("You said 42."))
+        ollama.script(Text("Still 42."))
+        thread = open_thread(discord, "remember 42")
+        await fake.wait_until(lambda: said(fake, thread) == ["Noted: 42."], what="the reply")
+        fake.archive_thread(thread)
+        asked = fake.user_message(thread, "what did I say?")  # reopens it, as Discord does
+        await fake.wait_until(lambda: len(said(fake, thread)) == 2, what="the second reply")
+        fake.archive_thread(thread)
+        unseen = {**asked, "id": "1100000000000099999", "content": "and now?"}
+        fake.dispatch("MESSAGE_CREATE", unseen)  # no THREAD_UPDATE first: not in the cache
+        await fake.wait_until(lambda: len(said(fake, thread)) == 3, what="the third reply")
+    sent = [m["content"] for m in ollama.requests[2]["messages"]]
+    assert sent[1:] == ["remember 42", "Noted: 42.", "what did I say?", "You said 42.", "and now?"]
+    assert fake.calls_to("GET", f"/channels/{thread}"), "the uncached thread was looked up"
+
+
+async def test_a_role_on_the_list_lets_its_holders_in(make_bot: BotFactory) -> None:
+    async with FakeDiscord() as fake:
+        team = fake.add_role("team")
+        by_role = Allowed(users=frozenset(), roles=frozenset({str(team)}))
+        async with discord_platform(make_bot, fake=fake, access=by_role) as discord:
+            discord.bot.ollama.script(Text("Welcome, teammate."))
+            member = open_thread(discord, "hi", roles=[team])
+            outsider = open_thread(discord, "hi too", author_id=STRANGER)
+            await fake.wait_until(lambda: said(fake, member), what="the member's reply")
+            await fake.wait_until(lambda: said(fake, outsider), what="the refusal")
+    assert said(fake, member) == ["Welcome, teammate."]
+    (refusal,) = said(fake, outsider)
+    assert "allowed_roles" in refusal
+    assert len(discord.bot.ollama.requests) == 1
+
+
+async def test_a_picture_reaches_a_model_that_can_see(make_bot: BotFactory) -> None:
+    picture = b"\x89PNG\r\n\x1a\n a tiny picture"
+    async with discord_platform(make_bot, vision=True) as discord:
+        fake = discord.fake
+        discord.bot.ollama.script(Text("A tiny picture."))
+        fake.dm(USER_ID, "what is this?", attachments=[("p.png", "image/png", picture)])
+        dm = fake.dm_channel(USER_ID)
+        assert dm is not None
+        await fake.wait_until(lambda: said(fake, dm), what="the reply")
+    (request,) = discord.bot.ollama.requests
+    assert request["messages"][-1]["images"] == [base64.b64encode(picture).decode()]
 
 
 async def test_a_person_not_on_the_lists_is_refused_in_the_thread(make_bot: BotFactory) -> None:

@@ -20,8 +20,15 @@ discord.py has no per-client URL options; its seams are two process-wide class a
   frames.
 
 People are simulated with ``user_message``/``dm``/``replay_message``/``button_click``/
-``slash_command``, which make a dispatch synchronously and return its payload; one writer task
-puts dispatches on the wire in sequence order. Dispatches made while no socket is live wait in
+``slash_command``/``user_thread``, which make a dispatch synchronously and return its payload (or
+id); one writer task puts dispatches on the wire in sequence order. The guild's world changes
+with ``add_text_channel``, ``add_role`` (authors and interaction users carry ``roles=``) and
+``archive_thread``/``reopen_thread``; as on Discord, a message into an archived thread (a
+person's or the bot's) reopens it first, only active threads are in GUILD_CREATE, and the bot
+joins a thread with ``PUT /channels/{thread}/thread-members/@me`` (THREAD_MEMBERS_UPDATE; an
+archived one refuses with 50083). Attachments given as ``(filename, content_type, bytes)`` are
+served by the fake itself at their ``url`` under ``/attachments/``; an image's width and height
+come from a PNG header, else ``IMAGE_SIZE``. Dispatches made while no socket is live wait in
 the session and are replayed after a RESUME; an INVALID_SESSION (not resumable) loses those, as
 on Discord, and dispatches made while there is no session at all go out after the next READY.
 Without the MESSAGE_CONTENT intent (or with the portal switch ``message_content_intent_enabled``
@@ -44,6 +51,7 @@ import contextlib
 import inspect
 import itertools
 import json
+import struct
 import time
 import warnings
 from collections import deque
@@ -51,6 +59,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
+from urllib.parse import quote
 
 import yarl
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -83,6 +92,9 @@ RESUME, RECONNECT, REQUEST_MEMBERS, INVALID_SESSION, HELLO, HEARTBEAT_ACK = 6, 7
 
 # channel types
 GUILD_TEXT, DM, PUBLIC_THREAD = 0, 1, 11
+
+EVERYONE_PERMISSIONS = (1 << 41) - 1 & ~(1 << 3)  # all but administrator
+IMAGE_SIZE = (640, 480)  # width and height of image bytes that are not a PNG
 
 _Json = dict[str, Any]
 _EPOCH_MS = 1_420_070_400_000  # Discord's snowflake epoch
@@ -174,6 +186,14 @@ def _iso(moment: datetime) -> str:
     return moment.isoformat(timespec="microseconds")
 
 
+def _image_size(data: bytes) -> tuple[int, int]:
+    """A PNG's width and height from its header; ``IMAGE_SIZE`` for any other bytes."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
+        width, height = struct.unpack(">II", data[16:24])
+        return width, height
+    return IMAGE_SIZE
+
+
 def _describe(condition: Callable[[], object]) -> str:
     name = getattr(condition, "__qualname__", repr(condition))
     if "<lambda>" in name:
@@ -225,6 +245,8 @@ class FakeDiscord:
         self.interaction_callbacks: list[_Json] = []  # {"interaction_id", "token", "type", ...}
         self._interactions: dict[str, _Json] = {}  # token -> interaction state
         self.threads: dict[int, _Json] = {}  # thread id -> {parent_id, name, starter_id, ...}
+        self._roles: dict[int, _Json] = {}  # role id -> role, @everyone aside
+        self._files: dict[tuple[int, int], tuple[str, str, bytes]] = {}  # attachments' bytes
         self._ids = itertools.count(1)
         self._guild_created = datetime.now(UTC) - timedelta(days=30)
         self._channels: dict[int, _Json] = {
@@ -256,6 +278,7 @@ class FakeDiscord:
             ("PATCH", "/channels/{channel}/messages/{message}", self._edit_message),
             ("POST", "/channels/{channel}/typing", self._typing),
             ("POST", "/channels/{channel}/messages/{message}/threads", self._start_thread),
+            ("PUT", "/channels/{channel}/thread-members/@me", self._join_thread),
             ("PUT", "/applications/{app}/commands", self._put_commands),
             ("GET", "/applications/{app}/commands", self._get_commands),
             ("PUT", "/applications/{app}/guilds/{guild}/commands", self._put_guild_commands),
@@ -272,6 +295,7 @@ class FakeDiscord:
         app.router.add_route("*", "/api/v{version}/{path:.*}", self._api)
         app.router.add_get("/gateway/", self._gateway)
         app.router.add_get("/resume/", self._gateway)
+        app.router.add_get(r"/attachments/{channel:\d+}/{attachment:\d+}/{filename}", self._file)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", port).start()
@@ -351,10 +375,15 @@ class FakeDiscord:
         mentions_bot: bool = False,
         message_id: int | None = None,
         bot: bool = False,
+        roles: list[int] | None = None,
+        attachments: list[tuple[str, str, bytes]] | None = None,
     ) -> _Json:
         """A person's message in a guild channel or thread: dispatch MESSAGE_CREATE and return
         the full message (as stored, content unstripped). ``mentions_bot`` prefixes the
-        content with ``<@BOT_USER_ID>`` and lists the bot in ``mentions``."""
+        content with ``<@BOT_USER_ID>`` and lists the bot in ``mentions``; the author's member
+        object carries ``roles`` (ids from ``add_role``); each ``(filename, content_type,
+        data)`` of ``attachments`` is served at its attachment's ``url``. An archived thread is
+        reopened first (THREAD_UPDATE), as Discord does."""
         if channel_id not in self._channels:
             raise KeyError(f"no guild channel or thread {channel_id}")
         if mentions_bot:
@@ -365,16 +394,32 @@ class FakeDiscord:
             user_object(author_id, bot=bot),
             message_id=message_id,
             mentions=[user_object(BOT_USER_ID, bot=True)] if mentions_bot else [],
+            attachments=self._attachments(channel_id, attachments or []),
+            roles=roles,
         )
+        self._reopen_if_archived(channel_id)
         self._store(message)
         self._dispatch("MESSAGE_CREATE", message)
         return message
 
-    def dm(self, user_id: int, content: str, *, message_id: int | None = None) -> _Json:
-        """A direct message from ``user_id`` to the bot (opens the DM channel on first use)."""
+    def dm(
+        self,
+        user_id: int,
+        content: str,
+        *,
+        message_id: int | None = None,
+        attachments: list[tuple[str, str, bytes]] | None = None,
+    ) -> _Json:
+        """A direct message from ``user_id`` to the bot (opens the DM channel on first use);
+        ``attachments`` as for ``user_message``."""
         channel_id = self._dm_channel(user_id)
         message = self._message(
-            channel_id, content, user_object(user_id), message_id=message_id, guild=False
+            channel_id,
+            content,
+            user_object(user_id),
+            message_id=message_id,
+            attachments=self._attachments(channel_id, attachments or []),
+            guild=False,
         )
         self._store(message)
         self._dispatch("MESSAGE_CREATE", message)
@@ -392,9 +437,11 @@ class FakeDiscord:
         user_id: int = USER_ID,
         component_type: int = 2,
         values: list[str] | None = None,
+        roles: list[int] | None = None,
     ) -> _Json:
         """A person clicks a component (a button by default; ``values`` for a select) on a
-        message: dispatch INTERACTION_CREATE type 3 and return the interaction."""
+        message: dispatch INTERACTION_CREATE type 3 and return the interaction. In a guild the
+        interaction's member carries ``roles``."""
         message_id = int(message["id"]) if isinstance(message, dict) else int(message)
         stored = next((m[message_id] for m in self._stored.values() if message_id in m), None)
         if stored is None:
@@ -402,7 +449,7 @@ class FakeDiscord:
         data: _Json = {"custom_id": custom_id, "component_type": component_type}
         if values is not None:
             data["values"] = values
-        return self._interaction(3, data, int(stored["channel_id"]), user_id, stored)
+        return self._interaction(3, data, int(stored["channel_id"]), user_id, roles, stored)
 
     def slash_command(
         self,
@@ -411,10 +458,12 @@ class FakeDiscord:
         *,
         channel_id: int = CHANNEL_ID,
         user_id: int = USER_ID,
+        roles: list[int] | None = None,
     ) -> _Json:
         """A person runs ``/name`` with string, integer, boolean or number ``options``:
         dispatch INTERACTION_CREATE type 2 and return the interaction. The command's id is the
-        one from the last bulk overwrite, if it was registered."""
+        one from the last bulk overwrite, if it was registered; in a guild the interaction's
+        member carries ``roles``."""
         registered = [*self.commands, *self.guild_commands.get(GUILD_ID, [])]
         command = next((c for c in registered if c.get("name") == name), None)
         option_types = {bool: 5, int: 4, float: 10, str: 3}
@@ -429,7 +478,7 @@ class FakeDiscord:
         }
         if command and "guild_id" in command:
             data["guild_id"] = command["guild_id"]
-        return self._interaction(2, data, channel_id, user_id)
+        return self._interaction(2, data, channel_id, user_id, roles)
 
     def interaction_state(self, interaction: _Json) -> _Json:
         """What became of an interaction: ``responded`` (callback type or None),
@@ -447,6 +496,36 @@ class FakeDiscord:
         self._channels[channel_id] = self._text_channel(channel_id, name, len(self._channels))
         self._dispatch("CHANNEL_CREATE", self._channels[channel_id])
         return channel_id
+
+    def add_role(self, name: str) -> int:
+        """A role in the guild, announced with GUILD_ROLE_CREATE (and in every later
+        GUILD_CREATE); returns its id for ``roles=``."""
+        role_id = self._snowflake()
+        role = self._role(role_id, name, len(self._roles) + 1, 0)
+        self._roles[role_id] = role
+        self._dispatch("GUILD_ROLE_CREATE", {"guild_id": str(GUILD_ID), "role": role})
+        return role_id
+
+    def user_thread(self, channel_id: int, name: str, *, owner_id: int = USER_ID) -> int:
+        """A public thread a person opened in a text channel, with no starter message and
+        without the bot as a member: dispatch THREAD_CREATE and return its id. It is not in
+        ``threads`` (the bot did not make it)."""
+        parent = self._channels.get(channel_id)
+        if parent is None or parent["type"] != GUILD_TEXT:
+            raise KeyError(f"no text channel {channel_id}")
+        thread_id = self._snowflake()
+        self._channels[thread_id] = self._thread(thread_id, channel_id, name, owner_id)
+        self._dispatch("THREAD_CREATE", {**self._channels[thread_id], "newly_created": True})
+        return thread_id
+
+    def archive_thread(self, thread_id: int) -> None:
+        """Archive a thread (as Discord does after inactivity): THREAD_UPDATE; discord.py
+        then drops it from its cache and it is left out of GUILD_CREATE."""
+        self._set_archived(thread_id, archived=True)
+
+    def reopen_thread(self, thread_id: int) -> None:
+        """Unarchive a thread: THREAD_UPDATE with ``archived`` false."""
+        self._set_archived(thread_id, archived=False)
 
     # --- what the gateway does ---
 
@@ -720,7 +799,8 @@ class FakeDiscord:
         interaction: _Json | None = None,
         loading: bool = False,
     ) -> _Json:
-        """Store a message the bot sent (REST, interaction response or followup) and echo it."""
+        """Store a message the bot sent (REST, interaction response or followup) and echo it;
+        like a person's, it reopens an archived thread first."""
         body = body if isinstance(body, dict) else {}
         content = str(body.get("content") or "")
         components = list(body.get("components") or [])
@@ -763,6 +843,7 @@ class FakeDiscord:
         if "nonce" in body:
             message["nonce"] = body["nonce"]
         ephemeral = bool(flags & 64)
+        self._reopen_if_archived(channel_id)
         self._store(message)
         self._sent[int(message["id"])] = Sent(
             int(message["id"]),
@@ -836,35 +917,16 @@ class FakeDiscord:
         name = str(self._field(body, "name"))
         if not 1 <= len(name) <= 100:
             raise _ApiError(400, "Invalid Form Body", 50035)
-        duration = int(body.get("auto_archive_duration") or 1440)
-        now = datetime.now(UTC)
-        thread: _Json = {
-            "id": str(message_id),  # a thread from a message takes the message's id
-            "type": PUBLIC_THREAD,
-            "guild_id": str(GUILD_ID),
-            "parent_id": str(channel_id),
-            "owner_id": str(BOT_USER_ID),
-            "name": name,
-            "last_message_id": None,
-            "rate_limit_per_user": int(body.get("rate_limit_per_user") or 0),
-            "message_count": 0,
-            "member_count": 1,
-            "total_message_sent": 0,
-            "flags": 0,
-            "thread_metadata": {
-                "archived": False,
-                "auto_archive_duration": duration,
-                "archive_timestamp": _iso(now),
-                "locked": False,
-                "create_timestamp": _iso(now),
-            },
-            "member": {
-                "id": str(message_id),
-                "user_id": str(BOT_USER_ID),
-                "join_timestamp": _iso(now),
-                "flags": 1,
-            },
-        }
+        # a thread from a message takes the message's id
+        thread = self._thread(
+            message_id,
+            channel_id,
+            name,
+            BOT_USER_ID,
+            auto_archive_duration=int(body.get("auto_archive_duration") or 1440),
+            rate_limit_per_user=int(body.get("rate_limit_per_user") or 0),
+        )
+        thread["member"] = self._bot_thread_member(message_id)
         self._channels[message_id] = thread
         self.threads[message_id] = {
             "parent_id": channel_id,
@@ -876,6 +938,25 @@ class FakeDiscord:
         starter["thread"] = thread
         self._dispatch("THREAD_CREATE", {**thread, "newly_created": True})
         return thread
+
+    async def _join_thread(self, body: Any, channel: str) -> None:
+        thread = self._channels.get(self._known_channel(channel))
+        if thread is None or thread["type"] != PUBLIC_THREAD:
+            raise _ApiError(400, "Cannot execute action on this channel type", 50024)
+        if thread["thread_metadata"]["archived"]:
+            raise _ApiError(400, "Thread is archived", 50083)
+        if "member" in thread:  # already joined: nothing changes
+            return None
+        thread["member"] = self._bot_thread_member(int(thread["id"]))
+        thread["member_count"] += 1
+        members_update = {
+            "id": thread["id"],
+            "guild_id": str(GUILD_ID),
+            "member_count": thread["member_count"],
+            "added_members": [thread["member"]],
+        }
+        self._dispatch("THREAD_MEMBERS_UPDATE", members_update)
+        return None
 
     async def _put_commands(self, body: Any, app: str) -> list[_Json]:
         self._check_app(app)
@@ -1043,6 +1124,126 @@ class FakeDiscord:
             "flags": 0,
         }
 
+    def _thread(
+        self,
+        thread_id: int,
+        parent_id: int,
+        name: str,
+        owner_id: int,
+        *,
+        auto_archive_duration: int = 1440,
+        rate_limit_per_user: int = 0,
+    ) -> _Json:
+        """An active public thread with its owner as its only member (no ``member`` field: the
+        bot is not one)."""
+        now = _iso(datetime.now(UTC))
+        return {
+            "id": str(thread_id),
+            "type": PUBLIC_THREAD,
+            "guild_id": str(GUILD_ID),
+            "parent_id": str(parent_id),
+            "owner_id": str(owner_id),
+            "name": name,
+            "last_message_id": None,
+            "rate_limit_per_user": rate_limit_per_user,
+            "message_count": 0,
+            "member_count": 1,
+            "total_message_sent": 0,
+            "flags": 0,
+            "thread_metadata": {
+                "archived": False,
+                "auto_archive_duration": auto_archive_duration,
+                "archive_timestamp": now,
+                "locked": False,
+                "create_timestamp": now,
+            },
+        }
+
+    @staticmethod
+    def _bot_thread_member(thread_id: int) -> _Json:
+        return {
+            "id": str(thread_id),
+            "user_id": str(BOT_USER_ID),
+            "join_timestamp": _iso(datetime.now(UTC)),
+            "flags": 1,
+        }
+
+    def _set_archived(self, thread_id: int, *, archived: bool) -> None:
+        thread = self._channels.get(thread_id)
+        if thread is None or thread["type"] != PUBLIC_THREAD:
+            raise KeyError(f"no thread {thread_id}")
+        thread["thread_metadata"]["archived"] = archived
+        thread["thread_metadata"]["archive_timestamp"] = _iso(datetime.now(UTC))
+        self._dispatch("THREAD_UPDATE", thread)
+
+    def _reopen_if_archived(self, channel_id: int) -> None:
+        channel = self._channels.get(channel_id)
+        if channel is not None and channel.get("thread_metadata", {}).get("archived"):
+            self._set_archived(channel_id, archived=False)
+
+    @staticmethod
+    def _role(role_id: int, name: str, position: int, permissions: int) -> _Json:
+        return {
+            "id": str(role_id),
+            "name": name,
+            "color": 0,
+            "colors": {"primary_color": 0, "secondary_color": None, "tertiary_color": None},
+            "hoist": False,
+            "icon": None,
+            "unicode_emoji": None,
+            "position": position,
+            "permissions": str(permissions),
+            "managed": False,
+            "mentionable": False,
+            "flags": 0,
+        }
+
+    def _member(self, roles: list[int] | None = None) -> _Json:
+        """A guild member object without its ``user``, as a message's ``member`` is."""
+        unknown = [r for r in roles or [] if r not in self._roles]
+        if unknown:
+            raise KeyError(f"no roles {unknown} (add_role makes them)")
+        return {
+            "roles": [str(r) for r in roles or []],
+            "joined_at": _iso(self._guild_created),
+            "deaf": False,
+            "mute": False,
+            "flags": 0,
+            "nick": None,
+            "avatar": None,
+            "premium_since": None,
+            "pending": False,
+        }
+
+    def _attachments(self, channel_id: int, files: list[tuple[str, str, bytes]]) -> list[_Json]:
+        """Attachment objects for ``(filename, content_type, data)``, their bytes served at
+        ``url`` (and ``proxy_url``) by ``_file``."""
+        attachments = []
+        for filename, content_type, data in files:
+            attachment_id = self._snowflake()
+            self._files[(channel_id, attachment_id)] = (filename, content_type, data)
+            url = f"{self.url}/attachments/{channel_id}/{attachment_id}/{quote(filename)}"
+            attachment: _Json = {
+                "id": str(attachment_id),
+                "filename": filename,
+                "size": len(data),
+                "url": url,
+                "proxy_url": url,
+                "content_type": content_type,
+            }
+            if content_type.startswith("image/"):
+                attachment["width"], attachment["height"] = _image_size(data)
+            attachments.append(attachment)
+        return attachments
+
+    async def _file(self, request: web.Request) -> web.Response:
+        key = (int(request.match_info["channel"]), int(request.match_info["attachment"]))
+        found = self._files.get(key)
+        if found is None or found[0] != request.match_info["filename"]:
+            return web.Response(status=404, text="404: Not Found")
+        _, content_type, data = found
+        return web.Response(body=data, headers={"Content-Type": content_type})
+
     def _dm_channel(self, user_id: int) -> int:
         if user_id not in self._dm_channels:
             self._dm_channels[user_id] = self._snowflake()
@@ -1061,40 +1262,20 @@ class FakeDiscord:
 
     def _members(self) -> list[_Json]:
         return [
-            {
-                "user": user_object(uid, bot=uid == BOT_USER_ID),
-                "nick": None,
-                "avatar": None,
-                "roles": [],
-                "joined_at": _iso(self._guild_created),
-                "premium_since": None,
-                "deaf": False,
-                "mute": False,
-                "flags": 0,
-                "pending": False,
-            }
+            {"user": user_object(uid, bot=uid == BOT_USER_ID), **self._member()}
             for uid in (BOT_USER_ID, USER_ID, OWNER_ID)
         ]
 
     def _guild(self) -> _Json:
         joined = _iso(self._guild_created)
-        everyone = {
-            "id": str(GUILD_ID),
-            "name": "@everyone",
-            "color": 0,
-            "colors": {"primary_color": 0, "secondary_color": None, "tertiary_color": None},
-            "hoist": False,
-            "icon": None,
-            "unicode_emoji": None,
-            "position": 0,
-            "permissions": str((1 << 41) - 1 & ~(1 << 3)),  # all but administrator
-            "managed": False,
-            "mentionable": False,
-            "flags": 0,
-        }
+        everyone = self._role(GUILD_ID, "@everyone", 0, EVERYONE_PERMISSIONS)
         members = self._members()
         channels = [c for c in self._channels.values() if c["type"] == GUILD_TEXT]
-        threads = [c for c in self._channels.values() if c["type"] == PUBLIC_THREAD]
+        threads = [  # only active threads, as on Discord
+            c
+            for c in self._channels.values()
+            if c["type"] == PUBLIC_THREAD and not c["thread_metadata"]["archived"]
+        ]
         return {
             "id": str(GUILD_ID),
             "name": GUILD_NAME,
@@ -1107,7 +1288,7 @@ class FakeDiscord:
             "verification_level": 0,
             "default_message_notifications": 0,
             "explicit_content_filter": 0,
-            "roles": [everyone],
+            "roles": [everyone, *self._roles.values()],
             "emojis": [],
             "stickers": [],
             "features": [],
@@ -1150,6 +1331,8 @@ class FakeDiscord:
         mentions: list[_Json] | None = None,
         components: list[_Json] | None = None,
         embeds: list[_Json] | None = None,
+        attachments: list[_Json] | None = None,
+        roles: list[int] | None = None,
         guild: bool = True,
     ) -> _Json:
         message: _Json = {
@@ -1164,7 +1347,7 @@ class FakeDiscord:
             "mention_everyone": False,
             "mentions": mentions or [],
             "mention_roles": [],
-            "attachments": [],
+            "attachments": attachments or [],
             "embeds": embeds or [],
             "components": components or [],
             "pinned": False,
@@ -1172,17 +1355,7 @@ class FakeDiscord:
         }
         if guild:
             message["guild_id"] = str(GUILD_ID)
-            message["member"] = {
-                "roles": [],
-                "joined_at": _iso(self._guild_created),
-                "deaf": False,
-                "mute": False,
-                "flags": 0,
-                "nick": None,
-                "avatar": None,
-                "premium_since": None,
-                "pending": False,
-            }
+            message["member"] = self._member(roles)
         return message
 
     def _store(self, message: _Json) -> None:
@@ -1195,7 +1368,13 @@ class FakeDiscord:
                 self._channels[channel_id]["total_message_sent"] += 1
 
     def _interaction(
-        self, kind: int, data: _Json, channel_id: int, user_id: int, message: _Json | None = None
+        self,
+        kind: int,
+        data: _Json,
+        channel_id: int,
+        user_id: int,
+        roles: list[int] | None,
+        message: _Json | None = None,
     ) -> _Json:
         interaction_id = self._snowflake()
         token = f"fake-interaction-token-{interaction_id}"
@@ -1220,16 +1399,8 @@ class FakeDiscord:
             payload["guild"] = {"id": str(GUILD_ID), "locale": "en-US", "features": []}
             payload["member"] = {
                 "user": user_object(user_id),
-                "roles": [],
-                "joined_at": _iso(self._guild_created),
-                "deaf": False,
-                "mute": False,
-                "flags": 0,
-                "nick": None,
-                "avatar": None,
-                "premium_since": None,
-                "pending": False,
-                "permissions": str((1 << 41) - 1 & ~(1 << 3)),
+                **self._member(roles),
+                "permissions": str(EVERYONE_PERMISSIONS),
             }
             payload["authorizing_integration_owners"] = {"0": str(GUILD_ID)}
             payload["context"] = 0  # GUILD

@@ -23,15 +23,25 @@ What the real library does against it, as these tests pin down:
   seen twice: a replayed MESSAGE_CREATE reaches ``on_message`` twice, so the bot must
   deduplicate by message id.
 - A thread made from a message (``Message.create_thread``) is a ``discord.Thread`` once
-  THREAD_CREATE arrived, and messages in it carry that channel.
+  THREAD_CREATE arrived, and messages in it carry that channel. A thread a person opened is one
+  too, with ``me`` None until ``Thread.join()`` (THREAD_MEMBERS_UPDATE sets ``me``, a later
+  GUILD_CREATE keeps it). THREAD_UPDATE with ``archived`` drops a thread from the cache
+  (``get_channel`` gives None); a THREAD_UPDATE reopening an unknown thread makes a new
+  ``Thread`` and calls it ``on_thread_join``, not ``on_thread_update``.
+- ``Member.roles`` keeps only the role ids the guild cache knows (plus @everyone): a role must
+  arrive (GUILD_ROLE_CREATE or GUILD_CREATE) before a message naming it.
+- ``Attachment.read()`` fetches ``url`` with the bot's HTTP session and no token; without the
+  MESSAGE_CONTENT intent a guild message's attachments arrive empty, like its content.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
 import threading
 import warnings
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -44,7 +54,9 @@ from .discord import (
     BOT_USER_ID,
     CHANNEL_ID,
     GUILD_ID,
+    IMAGE_SIZE,
     MAX_CONTENT_CHARS,
+    OWNER_ID,
     USER_ID,
     FakeDiscord,
 )
@@ -87,6 +99,8 @@ class Bot:
         self.messages: list[discord.Message] = []
         self.edits: list[discord.Message] = []
         self.threads: list[discord.Thread] = []
+        self.joined: list[discord.Thread] = []  # on_thread_join: joined, or back in the cache
+        self.thread_updates: list[discord.Thread] = []
         self.readies = 0
         self.resumed = 0
         self.task: asyncio.Task[None] | None = None
@@ -105,6 +119,16 @@ class Bot:
         @client.event
         async def on_thread_create(thread: discord.Thread) -> None:
             self.threads.append(thread)
+            self.notify()
+
+        @client.event
+        async def on_thread_join(thread: discord.Thread) -> None:
+            self.joined.append(thread)
+            self.notify()
+
+        @client.event
+        async def on_thread_update(before: discord.Thread, after: discord.Thread) -> None:
+            self.thread_updates.append(after)
             self.notify()
 
         @client.event
@@ -190,6 +214,29 @@ def channel(bot: Bot, channel_id: int = CHANNEL_ID) -> Any:
     found = bot.client.get_channel(channel_id)
     assert found is not None, f"channel {channel_id} not in the client's cache"
     return found
+
+
+async def identify_again(fake: FakeDiscord, bot: Bot) -> None:
+    """A new session for a ``NoIdentifyDelayClient``: a non-resumable INVALID_SESSION, then
+    IDENTIFY, READY (which clears the client's cache) and GUILD_CREATE, then ``on_ready``.
+
+    Counted against the fake's IDENTIFYs (one ``on_ready`` each), not ``bot.readies`` before:
+    ``wait_until_ready`` can return before the first ``on_ready`` handler has run."""
+    sessions = fake.identifies + 1
+    await fake.invalid_session(resumable=False)
+    await fake.wait_ready(sessions)
+    await bot.wait_until(lambda: bot.readies == sessions, "on_ready in the new session")
+
+
+def guild_create(fake: FakeDiscord) -> dict[str, Any]:
+    """The current session's GUILD_CREATE payload."""
+    return next(e["d"] for e in fake.dispatched if e["t"] == "GUILD_CREATE")
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG's signature and IHDR chunk: enough bytes to carry a size."""
+    ihdr = b"IHDR" + struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + ihdr + struct.pack(">I", zlib.crc32(ihdr))
 
 
 # --- login and ready ---
@@ -442,6 +489,172 @@ async def test_thread_from_a_message(fake: FakeDiscord, bot: Bot) -> None:
     with pytest.raises(discord.HTTPException) as raised:
         await lib(starter.create_thread(name="again"))
     assert raised.value.code == 160004
+
+
+async def test_thread_a_person_opened(fake: FakeDiscord, bot: Bot) -> None:
+    thread_id = fake.user_thread(CHANNEL_ID, "my question", owner_id=OWNER_ID)
+    await bot.wait_until(lambda: bot.threads, "THREAD_CREATE")
+    [thread] = bot.threads
+    assert isinstance(thread, discord.Thread)
+    assert (thread.id, thread.parent_id, thread.name) == (thread_id, CHANNEL_ID, "my question")
+    assert thread.owner_id == OWNER_ID and thread.me is None
+    assert thread_id not in fake.threads  # the bot did not make it
+    fake.user_message(thread_id, "inside")
+    await bot.wait_until(lambda: bot.from_people(), "the message in the thread")
+    [message] = bot.from_people()
+    assert message.channel is thread and message.content == "inside"
+    await lib(message.channel.send("answer"))
+    assert [s.content for s in fake.messages(thread_id)] == ["answer"]
+
+
+async def test_joining_a_thread(fake: FakeDiscord, make_bot: MakeBot) -> None:
+    bot = await make_bot(client_class=NoIdentifyDelayClient)
+    thread_id = fake.user_thread(CHANNEL_ID, "help")
+    await bot.wait_until(lambda: bot.threads, "THREAD_CREATE")
+    await lib(channel(bot, thread_id).join())
+    await bot.wait_until(lambda: bot.joined, "THREAD_MEMBERS_UPDATE")
+    me = channel(bot, thread_id).me
+    assert me is not None and (me.id, me.thread_id) == (BOT_USER_ID, thread_id)
+    # joining again answers 204 and changes nothing
+    await lib(channel(bot, thread_id).join())
+    calls = fake.calls_to("PUT", f"/channels/{thread_id}/thread-members/@me")
+    assert [c.status for c in calls] == [204, 204]
+    assert [e["t"] for e in fake.dispatched].count("THREAD_MEMBERS_UPDATE") == 1
+    with pytest.raises(discord.HTTPException) as not_a_thread:
+        await lib(bot.client.http.join_thread(CHANNEL_ID))
+    assert (not_a_thread.value.status, not_a_thread.value.code) == (400, 50024)
+    with pytest.raises(discord.NotFound) as unknown:
+        await lib(bot.client.http.join_thread(CHANNEL_ID + 999))
+    assert unknown.value.code == 10003
+    # a new session's GUILD_CREATE carries the membership
+    await identify_again(fake, bot)
+    [thread] = guild_create(fake)["threads"]
+    assert thread["member"]["user_id"] == str(BOT_USER_ID)
+    rebuilt = channel(bot, thread_id)
+    assert isinstance(rebuilt, discord.Thread) and rebuilt.me is not None
+
+
+async def test_archived_thread_leaves_the_cache_and_a_message_reopens_it(
+    fake: FakeDiscord, bot: Bot
+) -> None:
+    thread_id = fake.user_thread(CHANNEL_ID, "old topic")
+    await bot.wait_until(lambda: bot.threads, "THREAD_CREATE")
+    fake.archive_thread(thread_id)
+    await bot.wait_until(lambda: bot.thread_updates, "THREAD_UPDATE")
+    assert bot.thread_updates[0].archived and bot.client.get_channel(thread_id) is None
+    fetched = await lib(bot.client.fetch_channel(thread_id))  # REST still has it
+    assert isinstance(fetched, discord.Thread) and fetched.archived
+    with pytest.raises(discord.HTTPException) as archived:
+        await lib(fetched.join())
+    assert archived.value.code == 50083
+    fake.user_message(thread_id, "anyone?")
+    await bot.wait_until(lambda: bot.from_people(), "the message")
+    assert [e["t"] for e in fake.dispatched[-2:]] == ["THREAD_UPDATE", "MESSAGE_CREATE"]
+    reopened = channel(bot, thread_id)
+    assert isinstance(reopened, discord.Thread) and not reopened.archived
+    assert bot.from_people()[0].channel is reopened
+    assert bot.joined == [reopened]  # back in the cache by on_thread_join, not on_thread_update
+    assert len(bot.thread_updates) == 1
+
+
+async def test_only_active_threads_are_in_guild_create(
+    fake: FakeDiscord, make_bot: MakeBot
+) -> None:
+    bot = await make_bot(client_class=NoIdentifyDelayClient)
+    active = fake.user_thread(CHANNEL_ID, "active")
+    archived = fake.user_thread(CHANNEL_ID, "archived")
+    fake.archive_thread(archived)
+    await identify_again(fake, bot)
+    assert [t["id"] for t in guild_create(fake)["threads"]] == [str(active)]
+    assert isinstance(channel(bot, active), discord.Thread)
+    assert bot.client.get_channel(archived) is None
+    fake.reopen_thread(archived)
+    await bot.wait_until(lambda: bot.joined, "the reopened thread")
+    assert not channel(bot, archived).archived
+    # the bot's own message into an archived thread reopens it too
+    fake.archive_thread(active)
+    await bot.wait_until(lambda: bot.client.get_channel(active) is None, "the archiving")
+    thread = await lib(bot.client.fetch_channel(active))
+    assert isinstance(thread, discord.Thread)
+    await lib(thread.send("bumping this"))
+    await bot.wait_until(lambda: len(bot.joined) == 2 and bot.messages, "the reopening")
+    assert not channel(bot, active).archived
+    assert bot.messages[0].channel is channel(bot, active)
+    assert [s.content for s in fake.messages(active)] == ["bumping this"]
+
+
+# --- roles ---
+
+
+async def test_roles_of_authors_and_interaction_users(fake: FakeDiscord, make_bot: MakeBot) -> None:
+    bot = await make_bot(client_class=NoIdentifyDelayClient)
+    interactions: list[discord.Interaction] = []
+
+    @bot.client.event
+    async def on_interaction(interaction: discord.Interaction) -> None:
+        interactions.append(interaction)
+        bot.notify()
+
+    role_id = fake.add_role("helpers")
+    message = fake.user_message(CHANNEL_ID, "hi", roles=[role_id])
+    await bot.wait_until(lambda: bot.from_people(), "the message")
+    author = bot.from_people()[0].author
+    assert isinstance(author, discord.Member)
+    assert [(r.id, r.name) for r in author.roles] == [(GUILD_ID, "@everyone"), (role_id, "helpers")]
+    fake.slash_command("whoami", roles=[role_id])
+    fake.button_click(message, "pick", roles=[role_id])
+    await bot.wait_until(lambda: len(interactions) == 2, "the two interactions")
+    for interaction in interactions:
+        assert isinstance(interaction.user, discord.Member)
+        assert role_id in [r.id for r in interaction.user.roles]
+    with pytest.raises(KeyError):
+        fake.user_message(CHANNEL_ID, "no such role", roles=[role_id + 1])
+    # a later session gets the role in GUILD_CREATE
+    await identify_again(fake, bot)
+    guild = bot.client.get_guild(GUILD_ID)
+    assert guild is not None
+    role = guild.get_role(role_id)
+    assert role is not None and role.name == "helpers"
+
+
+# --- attachments ---
+
+
+async def test_attachments_are_served_by_the_fake(fake: FakeDiscord, bot: Bot) -> None:
+    image = png_header(3, 2)
+    fake.user_message(
+        CHANNEL_ID,
+        "look",
+        attachments=[("a cat.png", "image/png", image), ("notes.txt", "text/plain", b"hello")],
+    )
+    fake.dm(USER_ID, "", attachments=[("dm.jpg", "image/jpeg", b"\xff\xd8 not decoded")])
+    await bot.wait_until(lambda: len(bot.from_people()) == 2, "both messages")
+    picture, notes = bot.from_people()[0].attachments
+    assert (picture.filename, picture.content_type) == ("a cat.png", "image/png")
+    assert (picture.size, picture.width, picture.height) == (len(image), 3, 2)
+    assert await lib(picture.read()) == image
+    assert await lib(picture.read(use_cached=True)) == image  # proxy_url
+    assert (notes.content_type, notes.width, notes.height) == ("text/plain", None, None)
+    assert await lib(notes.read()) == b"hello"
+    [photo] = bot.from_people()[1].attachments
+    assert (photo.width, photo.height) == IMAGE_SIZE
+    assert await lib(photo.read()) == b"\xff\xd8 not decoded"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(picture.url) as response:
+            assert response.headers["Content-Type"] == "image/png"
+        async with http.get(picture.url.replace("a%20cat.png", "dog.png")) as response:
+            assert response.status == 404
+
+
+async def test_attachments_are_stripped_without_the_intent(
+    fake: FakeDiscord, make_bot: MakeBot
+) -> None:
+    bot = await make_bot(intents=discord.Intents.default())
+    files = [("cat.png", "image/png", png_header(1, 1))]
+    fake.user_message(CHANNEL_ID, "a picture", attachments=files)
+    fake.dm(USER_ID, "a picture", attachments=files)
+    await bot.wait_until(lambda: len(bot.from_people()) == 2, "both messages")
+    assert [len(m.attachments) for m in bot.from_people()] == [0, 1]
 
 
 # --- application commands ---
