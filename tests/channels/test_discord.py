@@ -119,6 +119,18 @@ async def test_each_way_of_stopping_keeps_the_partial_text(make_bot: BotFactory,
     assert discord.bot.turns(place(thread))[-1].status == "stopped"
 
 
+async def test_shutting_down_mid_reply_leaves_it_stopped_on_discord(make_bot: BotFactory) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake, ollama = discord.fake, discord.bot.ollama
+        ollama.script(Text("Working on it"), Pause("busy"), Text(" and done"))
+        thread = open_thread(discord, "take your time")
+        await fake.wait_until(lambda: said(fake, thread) == ["Working on it"], what="streaming")
+    (reply,) = fake.messages(thread)
+    assert reply.content == "Working on it (stopped)"
+    assert reply.components == []
+    assert discord.bot.assistant_text(place(thread)) == "Working on it"
+
+
 async def test_a_long_reply_with_code_arrives_as_three_messages_with_intact_fences(
     make_bot: BotFactory,
 ) -> None:
