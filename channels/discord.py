@@ -33,8 +33,9 @@ of hanging for minutes.
 Concurrency: discord.py runs every event handler as a task of its own, so handlers interleave at
 each await. A slash command's or click's answer is routed by a context variable that is set only
 while that interaction's own command runs in the dispatcher, so a notice for another message in
-the same thread cannot take it (test_each_way_of_stopping_keeps_the_partial_text). `close` waits
-for the handlers still running, so none outlives the channel and its store.
+the same thread cannot take it (test_each_way_of_stopping_keeps_the_partial_text). `close` lets
+the handlers still at work finish before it closes the HTTP session, so a command answered
+during shutdown is not cut off (test_a_command_at_shutdown_still_gets_its_answer).
 """
 
 import asyncio
@@ -82,6 +83,7 @@ THREAD_TYPES = (
 )
 LONGEST_LIBRARY_WAIT = 30.0  # seconds; a longer rate limit raises instead (discord.py's minimum)
 LOGIN_SECONDS = 30.0
+HANDLERS_CLOSE_SECONDS = 10.0
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 THREAD_EXISTS = 160004  # Discord's error code: a thread was already made from this message
 INTENT_FIX = (
@@ -167,23 +169,11 @@ def _controls(live: bool) -> discord.ui.View | None:
 
 
 class _Client(discord.Client):
-    """discord.py's client, with the gateway events Kaiwa listens to. It runs each event
-    handler as a task of its own; those are kept, so closing can wait for the last ones."""
+    """discord.py's client, with the gateway events Kaiwa listens to."""
 
     def __init__(self, channel: "DiscordChannel", **options: object) -> None:
         super().__init__(**options)
         self.channel = channel
-        self._handlers: set[asyncio.Task[None]] = set()
-
-    def _schedule_event(self, *args: Any, **kwargs: Any) -> asyncio.Task[None]:
-        task = super()._schedule_event(*args, **kwargs)
-        self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
-        return task
-
-    async def finish_handlers(self) -> None:
-        """Wait for the event handlers still running (the gateway is closed: no new ones)."""
-        await asyncio.gather(*self._handlers, return_exceptions=True)
 
     async def setup_hook(self) -> None:
         self.add_dynamic_items(_StopButton)
@@ -258,6 +248,7 @@ class DiscordChannel:
         self._stopping = asyncio.Event()
         self._gateway: asyncio.Task[None] | None = None
         self._joined: set[int] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
         self._warned_blank = False
 
     async def problems(self) -> list[str]:
@@ -296,11 +287,25 @@ class DiscordChannel:
         self._stopping.set()
 
     async def close(self) -> None:
+        """Let the handlers still at work finish (a command's answer needs the HTTP session),
+        then close the gateway and the session."""
+        if self._handlers:
+            await asyncio.wait(self._handlers, timeout=HANDLERS_CLOSE_SECONDS)
         await self._client.close()
         if self._gateway is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self._gateway
-        await self._client.finish_handlers()
+
+    @contextlib.contextmanager
+    def _handling(self) -> Iterator[None]:
+        """Mark the running task (discord.py runs each event in one) as at work until it ends."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            yield
+        finally:
+            self._handlers.discard(task)
 
     def open_reply(self, place: str, reply_to: str | None) -> Reply:
         return StreamingReply(self._transport(place), self._render)
@@ -357,6 +362,10 @@ class DiscordChannel:
         """A MESSAGE_CREATE, from discord.py: deliver it if it is for the bot."""
         if not (self._receiving and self._deliver and self._from_a_person(message)):
             return
+        with self._handling():
+            await self._deliver_message(self._deliver, message)
+
+    async def _deliver_message(self, deliver: Deliver, message: discord.Message) -> None:
         where = await self._where(message)
         if where is None:
             return
@@ -364,7 +373,7 @@ class DiscordChannel:
             self._warn_blank(message)
             return
         origin = _origin(message.author, message.channel, message.guild and message.guild.id)
-        await self._deliver(
+        await deliver(
             ChannelMessage(
                 platform=PLATFORM,
                 place=where.place,
@@ -380,8 +389,9 @@ class DiscordChannel:
         )
 
     async def stop_clicked(self, interaction: discord.Interaction) -> None:
-        await interaction.response.defer()
-        await self._deliver_interaction(interaction, "/stop")
+        with self._handling():
+            await interaction.response.defer()
+            await self._deliver_interaction(interaction, "/stop")
 
     def _slash_command(self, name: str, summary: str) -> app_commands.Command:
         async def run_command(interaction: discord.Interaction) -> None:
@@ -392,8 +402,9 @@ class DiscordChannel:
                     ephemeral=True,
                 )
                 return
-            await interaction.response.defer(ephemeral=True, thinking=True)
-            await self._deliver_interaction(interaction, f"/{name}")
+            with self._handling():
+                await interaction.response.defer(ephemeral=True, thinking=True)
+                await self._deliver_interaction(interaction, f"/{name}")
 
         return app_commands.Command(name=name, description=summary, callback=run_command)
 

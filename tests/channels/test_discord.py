@@ -131,6 +131,20 @@ async def test_shutting_down_mid_reply_leaves_it_stopped_on_discord(make_bot: Bo
     assert discord.bot.assistant_text(place(thread)) == "Working on it"
 
 
+async def test_a_command_at_shutdown_still_gets_its_answer(make_bot: BotFactory) -> None:
+    """Regression: closing the channel closed discord.py's HTTP session under a Stop button's
+    answer still on its way (here held back by a rate limit), and the answer was lost."""
+    async with discord_platform(make_bot) as discord:
+        fake, ollama = discord.fake, discord.bot.ollama
+        ollama.script(Text("Half"), Pause("story"), Text(" never told"))
+        thread = open_thread(discord, "go")
+        await fake.wait_until(lambda: said(fake, thread) == ["Half"], what="streaming")
+        fake.fail_next("POST", "/webhooks/", status=429, retry_after=0.3)
+        fake.button_click(fake.messages(thread)[0].id, STOP_BUTTON_ID)
+        await fake.wait_until(lambda: fake.calls_to("POST", "/webhooks/"), what="the answer")
+    assert private(fake, thread) == ["Stopped."]
+
+
 async def test_a_long_reply_with_code_arrives_as_three_messages_with_intact_fences(
     make_bot: BotFactory,
 ) -> None:
