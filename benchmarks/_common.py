@@ -153,7 +153,7 @@ class Kaiwa:
 
     store: Any
     model: Any
-    channel: BenchChannel
+    channel: Any
     runner: Any
     dispatcher: Any
 
@@ -175,10 +175,16 @@ class Kaiwa:
 
 
 def build_kaiwa(
-    url: str, data_dir: Path, max_concurrent: int, *, connect_timeout: float = 5.0
+    url: str,
+    data_dir: Path,
+    max_concurrent: int,
+    *,
+    connect_timeout: float = 5.0,
+    channel: Any = None,
 ) -> Kaiwa:
-    """The real turn path, wired as tests/core/conftest.py does; no tools, so Kaiwa sends the
-    same request body as the bare client (plus keep_alive)."""
+    """The real turn path, wired as tests/core/conftest.py does, on `channel` (a `BenchChannel`
+    unless given), open to anyone; no tools, so Kaiwa sends the same request body as the bare
+    client (plus keep_alive)."""
     from core.dispatcher import AccessRules, Allowed, Dispatcher
     from core.model import ModelClient, ModelSettings
     from core.store import Store
@@ -194,12 +200,12 @@ def build_kaiwa(
             max_concurrent_requests=max_concurrent,
         )
     )
-    channel = BenchChannel()
-    channels = {PLATFORM: channel}
+    channel = channel or BenchChannel()
+    channels = {channel.platform: channel}
     agent = AgentProfile(name="assistant", model=MODEL, system_prompt=SYSTEM_PROMPT, tools={})
     settings = TurnSettings(agent=agent, max_cached_conversations=max(1000, 2 * max_concurrent))
     runner = TurnRunner(store, model, channels, settings)
-    access = AccessRules({PLATFORM: Allowed(users=None)})
+    access = AccessRules({channel.platform: Allowed(users=None)})
     dispatcher = Dispatcher(store, runner, channels, access, max_message_chars=16_000)
     return Kaiwa(store, model, channel, runner, dispatcher)
 
