@@ -80,6 +80,7 @@ CHANNEL_ID = 1_100_000_000_000_000_020
 CHANNEL_NAME = "general"
 USER_ID = 1_100_000_000_000_000_030  # the default person
 OWNER_ID = 1_100_000_000_000_000_040
+BOT_ROLE_ID = 1_100_000_000_000_000_050  # the role Discord gives a bot in each server it joins
 SESSION_PREFIX = "fake-session-"
 MAX_CONTENT_CHARS = 2000
 MESSAGE_CONTENT_INTENT = 1 << 15
@@ -245,7 +246,7 @@ class FakeDiscord:
         self.interaction_callbacks: list[_Json] = []  # {"interaction_id", "token", "type", ...}
         self._interactions: dict[str, _Json] = {}  # token -> interaction state
         self.threads: dict[int, _Json] = {}  # thread id -> {parent_id, name, starter_id, ...}
-        self._roles: dict[int, _Json] = {}  # role id -> role, @everyone aside
+        self._roles: dict[int, _Json] = {BOT_ROLE_ID: self._bot_role()}  # @everyone aside
         self._files: dict[tuple[int, int], tuple[str, str, bytes]] = {}  # attachments' bytes
         self._ids = itertools.count(1)
         self._guild_created = datetime.now(UTC) - timedelta(days=30)
@@ -373,6 +374,7 @@ class FakeDiscord:
         *,
         author_id: int = USER_ID,
         mentions_bot: bool = False,
+        mentions_bot_role: bool = False,
         message_id: int | None = None,
         bot: bool = False,
         roles: list[int] | None = None,
@@ -380,7 +382,9 @@ class FakeDiscord:
     ) -> _Json:
         """A person's message in a guild channel or thread: dispatch MESSAGE_CREATE and return
         the full message (as stored, content unstripped). ``mentions_bot`` prefixes the
-        content with ``<@BOT_USER_ID>`` and lists the bot in ``mentions``; the author's member
+        content with ``<@BOT_USER_ID>`` and lists the bot in ``mentions`` (``mentions_bot_role``:
+        ``<@&BOT_ROLE_ID>`` in ``mention_roles``, the bot's role, which Discord's autocomplete
+        offers beside the bot); the author's member
         object carries ``roles`` (ids from ``add_role``); each ``(filename, content_type,
         data)`` of ``attachments`` is served at its attachment's ``url``. An archived thread is
         reopened first (THREAD_UPDATE), as Discord does."""
@@ -388,6 +392,8 @@ class FakeDiscord:
             raise KeyError(f"no guild channel or thread {channel_id}")
         if mentions_bot:
             content = f"<@{BOT_USER_ID}> {content}"
+        if mentions_bot_role:
+            content = f"<@&{BOT_ROLE_ID}> {content}"
         message = self._message(
             channel_id,
             content,
@@ -397,6 +403,8 @@ class FakeDiscord:
             attachments=self._attachments(channel_id, attachments or []),
             roles=roles,
         )
+        if mentions_bot_role:
+            message["mention_roles"] = [str(BOT_ROLE_ID)]
         self._reopen_if_archived(channel_id)
         self._store(message)
         self._dispatch("MESSAGE_CREATE", message)
@@ -1197,6 +1205,11 @@ class FakeDiscord:
             "mentionable": False,
             "flags": 0,
         }
+
+    def _bot_role(self) -> _Json:
+        """The managed role named after the bot, tagged with its id (`Guild.self_role`)."""
+        role = self._role(BOT_ROLE_ID, BOT_NAME, 1, 0)
+        return {**role, "managed": True, "tags": {"bot_id": str(BOT_USER_ID)}}
 
     def _member(self, roles: list[int] | None = None) -> _Json:
         """A guild member object without its ``user``, as a message's ``member`` is."""

@@ -50,6 +50,7 @@ import pytest
 
 from .discord import (
     APPLICATION_ID,
+    BOT_ROLE_ID,
     BOT_TOKEN,
     BOT_USER_ID,
     CHANNEL_ID,
@@ -615,6 +616,16 @@ async def test_roles_of_authors_and_interaction_users(fake: FakeDiscord, make_bo
     assert guild is not None
     role = guild.get_role(role_id)
     assert role is not None and role.name == "helpers"
+
+
+async def test_the_bots_own_role_and_a_mention_of_it(fake: FakeDiscord, bot: Bot) -> None:
+    fake.user_message(CHANNEL_ID, "hi", mentions_bot_role=True)
+    await bot.wait_until(lambda: bot.from_people(), "the message")
+    message = bot.from_people()[0]
+    assert message.guild is not None and message.guild.self_role is not None
+    assert message.guild.self_role.id == BOT_ROLE_ID
+    assert message.role_mentions == [message.guild.self_role]
+    assert message.content == f"<@&{BOT_ROLE_ID}> hi"
 
 
 # --- attachments ---
