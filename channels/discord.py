@@ -366,13 +366,16 @@ class DiscordChannel:
             await self._deliver_message(self._deliver, message)
 
     async def _deliver_message(self, deliver: Deliver, message: discord.Message) -> None:
-        where = await self._where(message)
+        channel = message.channel
+        if isinstance(channel, discord.PartialMessageable) and message.guild is not None:
+            channel = await self._fetch_channel(channel.id)  # a thread not in the cache
+        where = await self._where(message, channel)
         if where is None:
             return
         if not (message.content or message.attachments):
             self._warn_blank(message)
             return
-        origin = _origin(message.author, message.channel, message.guild and message.guild.id)
+        origin = _origin(message.author, channel, message.guild and message.guild.id)
         await deliver(
             ChannelMessage(
                 platform=PLATFORM,
@@ -380,7 +383,7 @@ class DiscordChannel:
                 message_id=str(message.id),
                 author_id=str(message.author.id),
                 author_name=message.author.display_name,
-                text=self._without_mention(message.content)[0],
+                text=self._without_mention(message)[0],
                 images=await _images(message),
                 room=origin.room,
                 space=origin.space,
@@ -441,16 +444,13 @@ class DiscordChannel:
             return False
         return self._settings.answer_bots or not message.author.bot
 
-    async def _where(self, message: discord.Message) -> _Where | None:
-        """The conversation `message` belongs to, or None when it is not for the bot."""
+    async def _where(self, message: discord.Message, channel: object) -> _Where | None:
+        """The conversation `message` (in `channel`) belongs to, or None when it is not for
+        the bot."""
         if message.guild is None:
             return _Where(DM, message.channel.id)
         guild = str(message.guild.id)
-        _, mentioned = self._without_mention(message.content)
-        mentioned = mentioned or self._role_mentioned(message)
-        channel = message.channel
-        if isinstance(channel, discord.PartialMessageable):  # a thread not in the cache
-            channel = await self._fetch_channel(channel.id)
+        mentioned = self._without_mention(message)[1]
         if isinstance(channel, discord.Thread):
             if mentioned:
                 await self._join(channel)
@@ -482,7 +482,7 @@ class DiscordChannel:
         """The thread on a mention: made now, or found if a replay of it made one already."""
         if message.thread is not None:
             return message.thread
-        name = _thread_name(self._without_mention(message.content)[0], message.author)
+        name = _thread_name(self._without_mention(message)[0], message.author)
         try:
             return await message.create_thread(
                 name=name, auto_archive_duration=self._settings.thread_archive_minutes
@@ -511,20 +511,19 @@ class DiscordChannel:
             logger.warning("Discord: cannot look up channel %s: %s", channel_id, exc)
             return None
 
-    def _without_mention(self, text: str) -> tuple[str, bool]:
+    def _without_mention(self, message: discord.Message) -> tuple[str, bool]:
         """The text with the bot's mention removed (line breaks kept), and whether there was
-        one. A mention followed by a bare command word ("@kaiwa stop") is that command."""
-        me = self._client.user
-        mention = re.compile(rf"[ \t]*<@!?{me.id if me else 0}>[ \t]*")
-        if me is None or not mention.search(text):
+        one. The bot's own role counts as the bot: Discord's autocomplete offers it beside the
+        bot. A mention followed by a bare command word ("@kaiwa stop") is that command."""
+        me, text = self._client.user, message.content
+        own_role = message.guild.self_role if message.guild else None
+        ids = [str(me.id)] if me else []
+        ids += [str(own_role.id)] if own_role else []
+        mention = re.compile(rf"[ \t]*<@[!&]?(?:{'|'.join(ids)})>[ \t]*")
+        if not ids or not mention.search(text):
             return text, False
         rest = mention.sub(" ", text).strip()
         return (f"!{rest}" if rest.lower() in COMMAND_WORDS else rest), True
-
-    def _role_mentioned(self, message: discord.Message) -> bool:
-        """Discord's autocomplete often offers the bot's own role instead of the bot."""
-        own = message.guild.self_role if message.guild else None
-        return own is not None and own in message.role_mentions
 
     def _warn_blank(self, message: discord.Message) -> None:
         if not self._warned_blank:

@@ -4,6 +4,7 @@ the fake Discord and the fake Ollama."""
 
 import base64
 import socket
+from typing import Any
 
 import pytest
 
@@ -38,9 +39,10 @@ def has_stop_button(sent: Sent) -> bool:
     return [button.get("custom_id") for button in buttons] == [STOP_BUTTON_ID]
 
 
-def open_thread(discord: DiscordPlatform, text: str, **options: int) -> int:
+def open_thread(discord: DiscordPlatform, text: str, **options: Any) -> int:
     """A person mentions the bot in #general; the thread the bot opens takes the message's id."""
-    return int(discord.fake.user_message(CHANNEL_ID, text, mentions_bot=True, **options)["id"])
+    options.setdefault("mentions_bot", True)
+    return int(discord.fake.user_message(CHANNEL_ID, text, **options)["id"])
 
 
 async def test_a_mention_opens_a_thread_and_the_reply_streams_there(
@@ -79,6 +81,17 @@ async def test_a_follow_up_in_the_thread_needs_no_mention(make_bot: BotFactory) 
         await fake.wait_until(lambda: len(said(fake, thread)) == 2, what="the second reply")
     sent = [m["content"] for m in ollama.requests[1]["messages"]]
     assert sent[-3:] == ["remember 42", "Noted: 42.", "what did I say?"]
+
+
+async def test_a_mention_of_the_bots_role_counts_as_a_mention(make_bot: BotFactory) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        discord.bot.ollama.script(Text("You called?"))
+        thread = open_thread(
+            discord, "picked the role by mistake", mentions_bot=False, mentions_bot_role=True
+        )
+        await fake.wait_until(lambda: said(fake, thread) == ["You called?"], what="the reply")
+    assert fake.threads[thread]["name"] == "picked the role by mistake"
 
 
 async def test_messages_in_the_channel_without_a_mention_are_not_for_the_bot(
@@ -294,7 +307,10 @@ async def test_a_thread_someone_else_opened_is_followed_once_the_bot_is_mentione
 
 
 async def test_an_archived_thread_continues_its_conversation(make_bot: BotFactory) -> None:
-    async with discord_platform(make_bot) as discord:
+    """Also when a message arrives before its thread is back in discord.py's cache; the thread
+    still counts as its parent channel for allowed_channels."""
+    only_general = Allowed(users=None, rooms=frozenset({str(CHANNEL_ID)}))
+    async with discord_platform(make_bot, access=only_general) as discord:
         fake, ollama = discord.fake, discord.bot.ollama
         ollama.script(Text("Noted: 42."))
         ollama.script(Text("You said 42."))
