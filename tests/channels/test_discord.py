@@ -2,6 +2,7 @@
 gateway drops and replays, start-up problems, access rules, through the real discord.py against
 the fake Discord and the fake Ollama."""
 
+import asyncio
 import base64
 import socket
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 
 from channels.discord import STOP_BUTTON_ID, DiscordChannel
 from channels.settings import DiscordSettings
-from core.channel import ChannelMessage
+from core.channel import ChannelMessage, Frame
 from core.dispatcher import Allowed
 from core.errors import ChannelError
 from tests.channels.platforms import DiscordPlatform, discord_platform
@@ -156,6 +157,23 @@ async def test_a_command_at_shutdown_still_gets_its_answer(make_bot: BotFactory)
         fake.button_click(fake.messages(thread)[0].id, STOP_BUTTON_ID)
         await fake.wait_until(lambda: fake.calls_to("POST", "/webhooks/"), what="the answer")
     assert private(fake, thread) == ["Stopped."]
+
+
+async def test_a_rate_limit_too_long_to_wait_in_line_skips_frames_instead(
+    make_bot: BotFactory,
+) -> None:
+    """discord.py waits out a 429 itself, inside the call; past 30 s it raises instead, and the
+    reply skips frames until the limit is over rather than holding the stream up."""
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        fake.fail_next("POST", f"/channels/{CHANNEL_ID}/messages", status=429, retry_after=60)
+        reply = discord.bot.channel.open_reply(f"discord:{GUILD_ID}:{CHANNEL_ID}", None)
+        async with asyncio.timeout(5):
+            await reply.update(Frame("first words"))
+            await reply.update(Frame("first words and more"))
+    (refused,) = fake.calls_to("POST", f"/channels/{CHANNEL_ID}/messages")
+    assert refused.status == 429
+    assert said(fake, CHANNEL_ID) == []
 
 
 async def test_a_long_reply_with_code_arrives_as_three_messages_with_intact_fences(
