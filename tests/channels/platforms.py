@@ -17,6 +17,7 @@ from channels.discord import DiscordChannel
 from channels.settings import DiscordSettings, SlackSettings, TelegramSettings
 from channels.slack import SlackChannel, SlackTokens
 from channels.telegram import TelegramChannel
+from core.channel import Channel
 from core.dispatcher import Allowed
 from tests.fakes.discord import BOT_TOKEN as DISCORD_BOT_TOKEN
 from tests.fakes.discord import USER_ID as DISCORD_USER_ID
@@ -60,13 +61,42 @@ class Platform(Protocol):
     async def wait_until(self, condition: Callable[[], object], what: str) -> None: ...
 
 
-class TelegramPlatform:
-    name = "telegram"
-    limit = 4096
+@contextlib.asynccontextmanager
+async def running(channel: Channel, bot: Bot) -> AsyncIterator[None]:
+    """`channel` delivering into the bot's dispatcher for the block; then stopped in the order
+    the app stops: no more receiving, every turn ended, then the channel closed."""
+    reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+    try:
+        yield
+    finally:
+        await channel.stop_receiving()
+        await asyncio.wait_for(reading, 10)
+        await bot.runner.shutdown()
+        await channel.close()
 
-    def __init__(self, fake: FakeTelegram, bot: Bot) -> None:
+
+class OnAFake:
+    """What every platform harness shares: the platform's fake, the bot, waiting on the fake,
+    and the plain Markdown check of code fences."""
+
+    def __init__(self, fake: Any, bot: Bot) -> None:
         self.fake = fake
         self.bot = bot
+
+    def shown(self, chat: int) -> list[str]:
+        raise NotImplementedError
+
+    def fences_intact(self, chat: int) -> bool:
+        return all(text.count("```") % 2 == 0 for text in self.shown(chat))
+
+    async def wait_until(self, condition: Callable[[], object], what: str) -> None:
+        await self.fake.wait_until(condition, what=what)
+
+
+class TelegramPlatform(OnAFake):
+    name = "telegram"
+    limit = 4096
+    fake: FakeTelegram
 
     def place(self, chat: int) -> str:
         return f"telegram:{chat}"
@@ -96,9 +126,6 @@ class TelegramPlatform:
         formatted = [m for m in self.fake.sent(chat) if "```" in m.visible]
         return not formatted and all(m.parse_mode == "HTML" for m in self.fake.sent(chat))
 
-    async def wait_until(self, condition: Callable[[], object], what: str) -> None:
-        await self.fake.wait_until(condition, what=what)
-
 
 @contextlib.asynccontextmanager
 async def telegram_platform(
@@ -126,27 +153,18 @@ async def telegram_platform(
             token,
         )
         bot = make_bot(channel=channel, allowed=ALLOWED, images=vision)
-        reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
         polls = len(fake.calls_to("getUpdates"))
-        await fake.wait_until(lambda: len(fake.calls_to("getUpdates")) > polls, what="a poll")
-        try:
+        async with running(channel, bot):
+            await fake.wait_until(lambda: len(fake.calls_to("getUpdates")) > polls, what="a poll")
             yield TelegramPlatform(fake, bot)
-        finally:
-            await channel.stop_receiving()
-            await asyncio.wait_for(reading, 10)
-            await bot.runner.shutdown()
-            await channel.close()
 
 
-class SlackPlatform:
+class SlackPlatform(OnAFake):
     """Each chat is a direct message channel (`D<chat>`), the Slack shape closest to a chat."""
 
     name = "slack"
     limit = 4000
-
-    def __init__(self, fake: FakeSlack, bot: Bot) -> None:
-        self.fake = fake
-        self.bot = bot
+    fake: FakeSlack
 
     def place(self, chat: int) -> str:
         return f"slack:{SLACK_TEAM}:D{chat}:top"
@@ -175,12 +193,6 @@ class SlackPlatform:
     def rate_limit_next_edit(self, retry_after: int) -> None:
         self.fake.fail_next("chat.update", error="ratelimited", retry_after=retry_after)
 
-    def fences_intact(self, chat: int) -> bool:
-        return all(text.count("```") % 2 == 0 for text in self.shown(chat))
-
-    async def wait_until(self, condition: Callable[[], object], what: str) -> None:
-        await self.fake.wait_until(condition, what=what)
-
 
 @contextlib.asynccontextmanager
 async def slack_platform(
@@ -200,27 +212,21 @@ async def slack_platform(
         )
         rooms = frozenset(settings.get("allowed_channels", ()))
         bot = make_bot(channel=channel, allowed=SLACK_ALLOWED, rooms=rooms)
-        reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
         connected = fake.hellos
-        await fake.wait_connected(connected + 1)
-        try:
+        async with running(channel, bot):
+            await fake.wait_connected(connected + 1)
             yield SlackPlatform(fake, bot)
-        finally:
-            await channel.stop_receiving()
-            await asyncio.wait_for(reading, 10)
-            await bot.runner.shutdown()
-            await channel.close()
 
 
-class DiscordPlatform:
+class DiscordPlatform(OnAFake):
     """Each chat is the direct message channel of the person with that id."""
 
     name = "discord"
     limit = 2000
+    fake: FakeDiscord
 
     def __init__(self, fake: FakeDiscord, bot: Bot) -> None:
-        self.fake = fake
-        self.bot = bot
+        super().__init__(fake, bot)
         self._said: dict[str, dict[str, Any]] = {}
 
     def place(self, chat: int) -> str:
@@ -245,12 +251,6 @@ class DiscordPlatform:
 
     def rate_limit_next_edit(self, retry_after: int) -> None:
         self.fake.fail_next("PATCH", "/channels/", status=429, retry_after=retry_after)
-
-    def fences_intact(self, chat: int) -> bool:
-        return all(text.count("```") % 2 == 0 for text in self.shown(chat))
-
-    async def wait_until(self, condition: Callable[[], object], what: str) -> None:
-        await self.fake.wait_until(condition, what=what)
 
 
 @contextlib.asynccontextmanager
@@ -279,15 +279,9 @@ async def discord_platform(
         )
         people = Allowed(users=ALLOWED | {str(DISCORD_USER_ID)})
         bot = make_bot(channel=channel, access=access or people, images=vision)
-        reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
-        await asyncio.wait_for(channel.listening.wait(), 5)
-        try:
+        async with running(channel, bot):
+            await asyncio.wait_for(channel.listening.wait(), 5)
             yield DiscordPlatform(fake, bot)
-        finally:
-            await channel.stop_receiving()
-            await asyncio.wait_for(reading, 10)
-            await bot.runner.shutdown()
-            await channel.close()
 
 
 @pytest.fixture(params=["telegram", "slack", "discord"])

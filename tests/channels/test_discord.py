@@ -386,22 +386,26 @@ async def test_a_person_not_on_the_lists_is_refused_in_the_thread(make_bot: BotF
     assert discord.bot.ollama.requests == []
 
 
-async def test_a_server_or_channel_not_on_the_lists_is_refused(make_bot: BotFactory) -> None:
-    elsewhere = Allowed(users=None, spaces=frozenset({"1"}))
-    async with discord_platform(make_bot, access=elsewhere) as discord:
+@pytest.mark.parametrize(
+    ("access", "named"),
+    [
+        (Allowed(users=None, spaces=frozenset({"1"})), f"({GUILD_ID}) to [channels.discord]"
+         ".allowed_guilds"),
+        (Allowed(users=None, rooms=frozenset({"1"})), f"({CHANNEL_ID}) to [channels.discord]"
+         ".allowed_channels"),
+    ],
+    ids=["server", "channel"],
+)  # fmt: skip
+async def test_a_server_or_channel_not_on_the_lists_is_refused(
+    make_bot: BotFactory, access: Allowed, named: str
+) -> None:
+    async with discord_platform(make_bot, access=access) as discord:
         fake = discord.fake
         thread = open_thread(discord, "hello")
         await fake.wait_until(lambda: said(fake, thread), what="the refusal")
     (refusal,) = said(fake, thread)
-    assert f"({GUILD_ID}) to [channels.discord].allowed_guilds" in refusal
-
-    other_channel = Allowed(users=None, rooms=frozenset({"1"}))
-    async with discord_platform(make_bot, access=other_channel) as discord:
-        fake = discord.fake
-        thread = open_thread(discord, "hello")
-        await fake.wait_until(lambda: said(fake, thread), what="the refusal")
-    (refusal,) = said(fake, thread)
-    assert f"({CHANNEL_ID}) to [channels.discord].allowed_channels" in refusal
+    assert named in refusal
+    assert discord.bot.ollama.requests == []
 
 
 async def test_a_missing_message_content_intent_is_reported_at_start_up() -> None:
