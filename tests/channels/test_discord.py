@@ -95,6 +95,21 @@ async def test_a_mention_of_the_bots_role_counts_as_a_mention(make_bot: BotFacto
     assert fake.threads[thread]["name"] == "picked the role by mistake"
 
 
+async def test_without_the_right_to_open_threads_the_bot_says_so_in_the_channel(
+    make_bot: BotFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        fake.fail_next("POST", f"/channels/{CHANNEL_ID}/messages/", status=403)
+        opened = open_thread(discord, "hello?")
+        await fake.wait_until(lambda: said(fake, CHANNEL_ID), what="the explanation")
+    (explanation,) = fake.messages(CHANNEL_ID)
+    assert explanation.reference == opened, "a reply to the person's message"
+    assert "Create Public Threads" in explanation.content
+    assert fake.threads == {} and discord.bot.ollama.requests == []
+    assert "cannot open a thread in #general" in caplog.text
+
+
 async def test_messages_in_the_channel_without_a_mention_are_not_for_the_bot(
     make_bot: BotFactory,
 ) -> None:
