@@ -33,9 +33,9 @@ of hanging for minutes.
 Concurrency: discord.py runs every event handler as a task of its own, so handlers interleave at
 each await. A slash command's or click's answer is routed by a context variable that is set only
 while that interaction's own command runs in the dispatcher, so a notice for another message in
-the same thread cannot take it (test_each_way_of_stopping_keeps_the_partial_text). `close` lets
-the handlers still at work finish before it closes the HTTP session, so a command answered
-during shutdown is not cut off (test_a_command_at_shutdown_still_gets_its_answer).
+the same thread cannot take it (test_a_private_answer_and_a_public_one_in_one_thread_do_not_swap).
+`close` lets the handlers still at work finish before it closes the HTTP session, so a command
+answered during shutdown is not cut off (test_a_command_at_shutdown_still_gets_its_answer).
 """
 
 import asyncio

@@ -293,6 +293,25 @@ async def test_slash_commands_are_registered_and_answer_privately(make_bot: BotF
     assert said(fake, thread) == ["Hi."], "nothing public besides the reply"
 
 
+async def test_a_private_answer_and_a_public_one_in_one_thread_do_not_swap(
+    make_bot: BotFactory,
+) -> None:
+    """A slash command's answer goes to its interaction only while its own command runs: a
+    typed command handled meanwhile in the same thread still answers in the thread."""
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        discord.bot.ollama.script(Text("Hi."))
+        thread = open_thread(discord, "hi")
+        await fake.wait_until(lambda: said(fake, thread) == ["Hi."], what="the reply")
+        fake.slash_command("help", channel_id=thread)
+        fake.user_message(thread, "/usage")
+        await fake.wait_until(
+            lambda: private(fake, thread) and len(said(fake, thread)) == 2, what="both answers"
+        )
+    assert private(fake, thread)[0].startswith("Commands:")
+    assert said(fake, thread)[1].startswith("Usage of this conversation")
+
+
 async def test_other_bots_are_ignored(make_bot: BotFactory) -> None:
     async with discord_platform(make_bot) as discord:
         fake = discord.fake
