@@ -64,6 +64,8 @@ from urllib.parse import quote
 import yarl
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from tests.fakes.changes import Changes
+
 with warnings.catch_warnings():
     # discord.py imports audioop, deprecated since 3.11; pytest turns warnings into errors
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -195,15 +197,6 @@ def _image_size(data: bytes) -> tuple[int, int]:
     return IMAGE_SIZE
 
 
-def _describe(condition: Callable[[], object]) -> str:
-    name = getattr(condition, "__qualname__", repr(condition))
-    if "<lambda>" in name:
-        with contextlib.suppress(OSError, TypeError):
-            source = inspect.getsource(condition).strip()
-            return source[source.find("lambda") :]
-    return name
-
-
 def user_object(user_id: int, name: str | None = None, *, bot: bool = False) -> _Json:
     """A Discord user object (new-style username: discriminator "0")."""
     name = name or (BOT_NAME if user_id == BOT_USER_ID else f"user{user_id % 10_000}")
@@ -262,7 +255,7 @@ class FakeDiscord:
         self._orphans: list[tuple[str, _Json]] = []  # dispatches made with no session
         self._sockets: list[_Socket] = []
         self._live: _Socket | None = None
-        self._tick = asyncio.Event()
+        self._changes = Changes()  # notified on each call, frame, dispatch and connection
         self._wake = asyncio.Event()  # wakes the writer
         self._runner: web.AppRunner | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -619,17 +612,14 @@ class FakeDiscord:
     ) -> None:
         """Return once ``condition()`` is true, re-checking on every call, frame, dispatch and
         connection. Raises ``AssertionError`` naming ``what`` (else the condition) on timeout."""
-        try:
-            async with asyncio.timeout(timeout):
-                while not condition():
-                    await self._tick.wait()
-        except TimeoutError:
-            calls = [f"{c.method} {c.path} {c.status}" for c in self.calls[-8:]]
-            raise AssertionError(
-                f"timed out after {timeout}s waiting for {what or _describe(condition)}; "
-                f"last calls: {calls}; identifies: {self.identifies}; resumes: {self.resumes}; "
-                f"live: {self.live}; seq: {self.sequence}"
-            ) from None
+        await self._changes.until(condition, timeout, what, self._state)
+
+    def _state(self) -> str:
+        calls = [f"{c.method} {c.path} {c.status}" for c in self.calls[-8:]]
+        return (
+            f"last calls: {calls}; identifies: {self.identifies}; resumes: {self.resumes}; "
+            f"live: {self.live}; seq: {self.sequence}"
+        )
 
     # --- scripted failures ---
 
@@ -1653,5 +1643,4 @@ class FakeDiscord:
 
     def _notify(self) -> None:
         self._wake.set()
-        self._tick.set()
-        self._tick = asyncio.Event()
+        self._changes.notify()

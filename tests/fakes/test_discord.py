@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 
+from .changes import Changes
 from .discord import (
     APPLICATION_ID,
     BOT_ROLE_ID,
@@ -105,7 +106,7 @@ class Bot:
         self.readies = 0
         self.resumed = 0
         self.task: asyncio.Task[None] | None = None
-        self._tick = asyncio.Event()
+        self._changes = Changes()  # notified on every event the client records
 
         @client.event
         async def on_message(message: discord.Message) -> None:
@@ -143,19 +144,16 @@ class Bot:
             self.notify()
 
     def notify(self) -> None:
-        self._tick.set()
-        self._tick = asyncio.Event()
+        self._changes.notify()
 
     def from_people(self) -> list[discord.Message]:
         return [m for m in self.messages if m.author.id != BOT_USER_ID]
 
     async def wait_until(self, condition: Callable[[], object], what: str = "") -> None:
-        try:
-            async with asyncio.timeout(LIBRARY_SECONDS):
-                while not condition():
-                    await self._tick.wait()
-        except TimeoutError:
-            raise AssertionError(f"the client never saw {what or condition}") from None
+        """Return once the client has seen what `condition` asks for."""
+        await self._changes.until(
+            condition, LIBRARY_SECONDS, what or None, lambda: f"{self.readies} readies"
+        )
 
     async def start(self, token: str = BOT_TOKEN) -> None:
         await lib(self.client.login(token))
