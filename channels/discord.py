@@ -329,11 +329,13 @@ class DiscordChannel:
             async with asyncio.timeout(LOGIN_SECONDS):
                 await self._client.login(self._token)
         except discord.LoginFailure as exc:
-            raise ChannelError(
-                f"Discord rejected the bot token in ${self._settings.token_env} (401 "
-                "Unauthorized): copy it again from the Developer Portal → your application → "
-                "Bot → Reset Token"
-            ) from exc
+            raise ChannelError(self._token_problem()) from exc
+
+    def _token_problem(self) -> str:
+        return (
+            f"Discord rejected the bot token in ${self._settings.token_env} (401 Unauthorized): "
+            "copy it again from the Developer Portal → your application → Bot → Reset Token"
+        )
 
     async def _register_commands(self) -> None:
         try:
@@ -352,9 +354,7 @@ class DiscordChannel:
         except discord.PrivilegedIntentsRequired as exc:
             raise ChannelError(f"Discord refused the Message Content intent: {INTENT_FIX}") from exc
         except discord.LoginFailure as exc:
-            raise ChannelError(
-                f"Discord rejected the bot token in ${self._settings.token_env}"
-            ) from exc
+            raise ChannelError(self._token_problem()) from exc
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -369,7 +369,8 @@ class DiscordChannel:
         channel = message.channel
         if isinstance(channel, discord.PartialMessageable) and message.guild is not None:
             channel = await self._fetch_channel(channel.id)  # a thread not in the cache
-        where = await self._where(message, channel)
+        text, mentioned = self._without_mention(message)
+        where = await self._where(message, channel, text, mentioned)
         if where is None:
             return
         if not (message.content or message.attachments):
@@ -383,7 +384,7 @@ class DiscordChannel:
                 message_id=str(message.id),
                 author_id=str(message.author.id),
                 author_name=message.author.display_name,
-                text=self._without_mention(message)[0],
+                text=text,
                 images=await _images(message),
                 room=origin.room,
                 space=origin.space,
@@ -444,19 +445,20 @@ class DiscordChannel:
             return False
         return self._settings.answer_bots or not message.author.bot
 
-    async def _where(self, message: discord.Message, channel: object) -> _Where | None:
-        """The conversation `message` (in `channel`) belongs to, or None when it is not for
-        the bot."""
+    async def _where(
+        self, message: discord.Message, channel: object, text: str, mentioned: bool
+    ) -> _Where | None:
+        """The conversation `message` (in `channel`; `text` without the bot's mention) belongs
+        to, or None when it is not for the bot."""
         if message.guild is None:
             return _Where(DM, message.channel.id)
         guild = str(message.guild.id)
-        mentioned = self._without_mention(message)[1]
         if isinstance(channel, discord.Thread):
             if mentioned:
                 await self._join(channel)
             return _Where(guild, channel.id) if self._takes_part_in(channel) else None
         if mentioned and isinstance(channel, discord.TextChannel):
-            thread = await self._open_thread(message)
+            thread = await self._open_thread(message, text)
             return None if thread is None else _Where(guild, thread.id)
         return None
 
@@ -478,11 +480,11 @@ class DiscordChannel:
         except discord.HTTPException as exc:
             logger.warning("Discord: could not join thread %s: %s", thread.id, exc)
 
-    async def _open_thread(self, message: discord.Message) -> discord.Thread | None:
+    async def _open_thread(self, message: discord.Message, text: str) -> discord.Thread | None:
         """The thread on a mention: made now, or found if a replay of it made one already."""
         if message.thread is not None:
             return message.thread
-        name = _thread_name(self._without_mention(message)[0], message.author)
+        name = _thread_name(text, message.author)
         try:
             return await message.create_thread(
                 name=name, auto_archive_duration=self._settings.thread_archive_minutes
