@@ -55,10 +55,7 @@ import ollama
 from benchmarks import _common as bench  # clears the proxy variables
 from channels.settings import TelegramSettings
 from channels.telegram import PLATFORM, TelegramChannel
-from core.dispatcher import AccessRules, Allowed, Dispatcher
-from core.model import ModelClient, ModelSettings
-from core.store import Store
-from core.turns import AgentProfile, TurnRunner, TurnSettings
+from core.turns import TurnRunner
 from tests.fakes.ollama import BENCHMARK_REPLY
 from tests.fakes.telegram import BOT_TOKEN, Call, FakeTelegram
 
@@ -104,15 +101,6 @@ async def telegram_bot(
 ) -> AsyncIterator[TelegramBot]:
     """Started as the app starts it, stopped as the app stops it."""
     async with FakeTelegram() as fake:
-        store = Store(f"sqlite:///{data_dir / 'bench.db'}")
-        model = ModelClient(
-            ModelSettings(
-                url=url,
-                first_chunk_timeout=60,
-                idle_timeout=60,
-                max_concurrent_requests=max_concurrent,
-            )
-        )
         channel = TelegramChannel(
             TelegramSettings(
                 base_url=fake.base_url,
@@ -123,24 +111,16 @@ async def telegram_bot(
             ),
             BOT_TOKEN,
         )
-        channels = {PLATFORM: channel}
-        agent = AgentProfile(
-            name="assistant", model=bench.MODEL, system_prompt=bench.SYSTEM_PROMPT, tools={}
-        )
-        runner = TurnRunner(store, model, channels, TurnSettings(agent=agent))
-        access = AccessRules({PLATFORM: Allowed(users=None)})
-        dispatcher = Dispatcher(store, runner, channels, access, max_message_chars=16_000)
-        reading = asyncio.create_task(channel.run(dispatcher.handle))
+        kaiwa = bench.build_kaiwa(url, data_dir, max_concurrent, channel=channel)
+        reading = asyncio.create_task(channel.run(kaiwa.dispatcher.handle))
         try:
             await fake.wait_until(lambda: fake.calls_to("getUpdates"), WAIT, what="the first poll")
-            yield TelegramBot(fake, runner)
+            yield TelegramBot(fake, kaiwa.runner)
         finally:
             await channel.stop_receiving()
             await asyncio.wait_for(reading, 10)
-            await runner.shutdown()
+            await kaiwa.close()
             await channel.close()
-            await model.close()
-            store.close()
 
 
 # -- 1. edit rate -------------------------------------------------------------------------------
