@@ -2,8 +2,8 @@
 
 Start and stop are pairs, in reverse order of each other:
   model client → (checks) → store → runner, dispatcher → channels
-  channels stop reading → every live turn is stopped and stores its partial state → store closes
-  → model client closes.
+  channels stop reading → every live turn is stopped and stores its partial state → store
+  closes (its queued writes first) → model client closes.
 Platform libraries are imported only when their channel is configured, so a terminal-only start
 stays fast.
 """
@@ -104,16 +104,17 @@ async def run(config: Config, stop_requested: asyncio.Event, terminal: TerminalI
                 logger.error("cannot start: %s", problem)
             sys.stderr.write("".join(f"kaiwa: cannot start: {p}\n" for p in problems))
             return 1
-        store = Store(config.database_url())
-        interrupted = store.close_interrupted_turns()
-        if interrupted:
-            logger.warning(
-                "marked %d turns left running by an earlier process interrupted", interrupted
-            )
+        store = await Store.open(config.database_url(), config.storage.store_settings())
         try:
+            logger.info("store: %s", await store.describe())
+            interrupted = await store.close_interrupted_turns()
+            if interrupted:
+                logger.warning(
+                    "marked %d turns left running by an earlier process interrupted", interrupted
+                )
             await _serve(config, store, model, settings, adapters, stop_requested)
         finally:
-            store.close()
+            await store.close()
     finally:
         for adapter in adapters:
             await adapter.close()

@@ -23,9 +23,11 @@ from typing import Any
 from channels.settings import DiscordSettings, SlackSettings, TelegramSettings, TerminalSettings
 from core.errors import ConfigError
 from core.model import ModelSettings
+from core.store import StoreSettings
 
 CONFIG_ENV = "KAIWA_CONFIG"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 SLACK_MODES = ("socket", "http")
 THREAD_ARCHIVE_MINUTES = (60, 1440, 4320, 10080)  # the durations Discord accepts
 
@@ -62,6 +64,16 @@ class LimitsConfig:
 class StorageConfig:
     data_dir: str = "data"
     database_url_env: str = "KAIWA_DATABASE_URL"
+    sqlite_synchronous: str = "NORMAL"
+    write_retry_seconds: float = 30.0
+    connections: int = 4
+
+    def store_settings(self) -> StoreSettings:
+        return StoreSettings(
+            sqlite_synchronous=self.sqlite_synchronous.upper(),
+            write_retry_seconds=self.write_retry_seconds,
+            connections=self.connections,
+        )
 
 
 @dataclass(frozen=True)
@@ -202,6 +214,8 @@ def _checked(config: Config) -> Config:
         "limits.max_message_chars": config.limits.max_message_chars,
         "limits.tool_timeout": config.limits.tool_timeout,
         "limits.max_cached_conversations": config.limits.max_cached_conversations,
+        "storage.write_retry_seconds": config.storage.write_retry_seconds,
+        "storage.connections": config.storage.connections,
         "logging.max_bytes": config.logging.max_bytes,
         "channels.terminal.frame_interval": config.channels.terminal.frame_interval,
         "channels.telegram.edit_interval": config.channels.telegram.edit_interval,
@@ -226,6 +240,11 @@ def _checked(config: Config) -> Config:
         raise ConfigError(
             f"'channels.discord.thread_archive_minutes' must be one of "
             f"{', '.join(map(str, THREAD_ARCHIVE_MINUTES))} (Discord's choices), got {archive}"
+        )
+    if config.storage.sqlite_synchronous.upper() not in SQLITE_SYNCHRONOUS:
+        raise ConfigError(
+            f"'storage.sqlite_synchronous' must be one of {', '.join(SQLITE_SYNCHRONOUS)}, "
+            f"got {config.storage.sqlite_synchronous!r}"
         )
     for key, level in (
         ("logging.level", config.logging.level),

@@ -68,7 +68,7 @@ class TerminalChannel:
                     author_id="local",
                     text=text,
                     author_name="you",
-                )
+                ),
             )
 
     async def problems(self) -> list[str]:
@@ -160,14 +160,21 @@ async def stdin_lines(stream: TextIO = sys.stdin) -> AsyncIterator[str]:
 
     A thread (not `connect_read_pipe`) because stdin may be a file, a pipe or a terminal, and only
     a blocking read handles all three; daemon, because a read blocked at exit must not hold the
-    process open.
+    process open. Bytes are decoded here, with undecodable ones replaced (U+FFFD): a stray byte
+    from a terminal must not end the reader.
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[str | None] = asyncio.Queue()
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    binary = getattr(stream, "buffer", None)
 
     def read() -> None:
-        for line in iter(stream.readline, ""):
-            loop.call_soon_threadsafe(queue.put_nowait, line)
+        if binary is not None:
+            for raw in iter(binary.readline, b""):
+                loop.call_soon_threadsafe(queue.put_nowait, raw.decode(encoding, "replace"))
+        else:
+            for line in iter(stream.readline, ""):
+                loop.call_soon_threadsafe(queue.put_nowait, line)
         loop.call_soon_threadsafe(queue.put_nowait, None)
 
     threading.Thread(target=read, name="kaiwa-stdin", daemon=True).start()

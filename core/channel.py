@@ -24,7 +24,9 @@ class ChannelMessage:
     of attached pictures (a photo's caption is `text`). For access rules: `room` is the platform's
     channel id and `space` the server it belongs to (a Discord guild), both empty for a direct
     conversation with the bot; `author_roles` are the author's role ids where a platform has
-    roles.
+    roles. `redeliverable`: the platform delivers the message again unless the channel
+    acknowledges it (Telegram's offset, Slack's ack), so when it cannot be recorded the channel
+    holds the acknowledgement instead of the person being asked to send it again.
     """
 
     platform: str
@@ -37,6 +39,7 @@ class ChannelMessage:
     room: str = ""
     space: str = ""
     author_roles: tuple[str, ...] = ()
+    redeliverable: bool = False
 
 
 class Outcome(StrEnum):
@@ -70,6 +73,8 @@ class Reply(Protocol):
 
 
 Deliver = Callable[[ChannelMessage], Awaitable[None]]
+"""Hand a message to the core; returns once it is recorded (and a command in it has answered).
+Raises `core.errors.StoreError` when a `redeliverable` message could not be recorded."""
 
 
 class Channel(Protocol):

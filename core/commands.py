@@ -74,8 +74,8 @@ class Commands:
         await channel.notify(message.place, f"Started a new conversation.{suffix}")
 
     async def _usage(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
-        conversation = self._store.active_conversation(message.place)
-        turns = self._store.turns(conversation.id) if conversation and conversation.id else []
+        conversation = await self._store.active_conversation(message.place)
+        turns = await self._store.turns(conversation.id) if conversation and conversation.id else []
         await channel.notify(message.place, describe_usage(turns))
 
     async def _help(self, message: ChannelMessage, channel: Channel, _: Command) -> None:

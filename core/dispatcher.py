@@ -1,23 +1,30 @@
 """The dispatcher: the one door every inbound message goes through, in a fixed order.
 
 0. While shutting down, leave the message unrecorded and unanswered.
-1. Deduplicate by the platform's message id, against a persisted unique index, so a redelivery
-   after a restart is still a duplicate and never a second reply.
-2. Apply the access rules; a refused person is told so once per message, and no model is called.
-3. Match commands before anything queues: a command is never sent to the model and never waits
-   behind a running turn.
-4. Refuse images the agent's model cannot read, and oversized messages with their size and the
-   limit.
-5. Start a turn as a background task and return at once, so the channel keeps reading.
+1. Decide what the message is (refused by the access rules, a command, too large, or a turn), and
+   record it in the inbox with that decision. The inbox's unique index on the platform's message
+   id deduplicates, persisted, so a redelivery after a restart is still a duplicate and never a
+   second reply. A channel acknowledges a message to its platform only once `handle` returns; a
+   message that cannot be recorded is not acknowledged where the platform will deliver it again
+   (`ChannelMessage.redeliverable`), and otherwise the person is told to send it again. The
+   text is cleaned first (`core.text.clean`), so the model and the store see the same text.
+2. A refused person is told so once per message, and no model is called.
+3. Commands are matched before anything queues: a command is never sent to the model and never
+   waits behind a running turn. It runs before `handle` returns, so a message that arrives after
+   it is handled after it (a `/new` then a question: the question opens the new conversation).
+4. Images the agent's model cannot read, and oversized messages, are refused with the reason.
+5. Anything else starts a turn as a background task, so the channel keeps reading.
 """
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from core.channel import Channel, ChannelMessage
 from core.commands import Command, Commands, parse_command
-from core.store import Store
+from core.errors import StoreError
+from core.store import Inbound, Store
+from core.text import clean
 from core.turns import TurnRequest, TurnRunner
 
 logger = logging.getLogger(__name__)
@@ -89,45 +96,50 @@ class Dispatcher:
         self._commands = Commands(store, runner)
 
     async def handle(self, message: ChannelMessage) -> None:
+        """Record `message` and act on it: answer a refusal or a command, or queue a turn.
+        Raises `StoreError` when a redeliverable message cannot be recorded, so its channel does
+        not acknowledge it."""
         if self._runner.closing:
             # Not recorded, so a platform that redelivers it after the restart gets an answer.
             logger.warning("shutting down: %s message %s left unanswered", *_origin(message))
             return
-        event_id = self._store.record_inbound(message.platform, message.message_id, message.place)
+        message = replace(message, text=clean(message.text))
+        stranger = self._access.refusal(message)
+        command = None if stranger else parse_command(message.text)
+        refusal = stranger or (None if command else self._content_refusal(message))
+        status = "refused" if refusal else "command" if command else "turn"
+        try:
+            event_id = await self._store.claim_inbound(_inbound(message, status))
+        except StoreError as exc:
+            await self._not_recorded(message, exc)
+            return
         if event_id is None:
             logger.info("duplicate %s message %s ignored", *_origin(message))
             return
         channel = self._channels[message.platform]
-        refusal = self._access.refusal(message)
-        if refusal is not None:
+        if stranger is not None:
             logger.warning(
                 "refused a message from %s user %s in %s (not on the allow-lists)",
                 message.platform,
                 message.author_id,
                 message.place,
             )
-            await self._refuse(event_id, channel, message, refusal)
-            return
-        command = parse_command(message.text)
-        if command is not None:
-            self._store.mark_inbound(event_id, "command")
-            await self._run_command(message, channel, command)
-            return
-        refusal = self._content_refusal(message)
         if refusal is not None:
-            await self._refuse(event_id, channel, message, refusal)
-            return
-        self._runner.submit(
-            TurnRequest(
-                platform=message.platform,
-                place=message.place,
-                text=message.text,
-                author=message.author_name or message.author_id,
-                reply_to=message.message_id,
-                inbound_event_id=event_id,
-                images=message.images,
+            await channel.notify(message.place, refusal)
+        elif command is not None:
+            await self._run_command(message, channel, command)
+        else:
+            self._runner.submit(
+                TurnRequest(
+                    platform=message.platform,
+                    place=message.place,
+                    text=message.text,
+                    author=message.author_name or message.author_id,
+                    reply_to=message.message_id,
+                    inbound_event_id=event_id,
+                    images=message.images,
+                )
             )
-        )
 
     def _content_refusal(self, message: ChannelMessage) -> str | None:
         """Why the model cannot take this message, in words for the person, or None."""
@@ -144,11 +156,19 @@ class Dispatcher:
             )
         return None
 
-    async def _refuse(
-        self, event_id: int, channel: Channel, message: ChannelMessage, refusal: str
-    ) -> None:
-        self._store.mark_inbound(event_id, "refused")
-        await channel.notify(message.place, refusal)
+    async def _not_recorded(self, message: ChannelMessage, error: StoreError) -> None:
+        if message.redeliverable:
+            logger.warning(
+                "%s message %s not recorded, left for the platform to deliver again: %s",
+                *_origin(message),
+                error,
+            )
+            raise error
+        logger.warning("%s message %s could not be recorded: %s", *_origin(message), error)
+        await self._channels[message.platform].notify(
+            message.place,
+            f"I could not save your message: {error.plainly}. Please send it again in a minute.",
+        )
 
     async def _run_command(
         self, message: ChannelMessage, channel: Channel, command: Command
@@ -158,6 +178,17 @@ class Dispatcher:
         except Exception:
             logger.exception("command /%s in %s failed", command.name, message.place)
             await channel.notify(message.place, f"/{command.name} failed; see the log for why.")
+
+
+def _inbound(message: ChannelMessage, status: str) -> Inbound:
+    return Inbound(
+        platform=message.platform,
+        platform_message_id=message.message_id,
+        place=message.place,
+        text=message.text,
+        author=message.author_name or message.author_id,
+        status=status,
+    )
 
 
 def _origin(message: ChannelMessage) -> tuple[str, str]:

@@ -1,13 +1,14 @@
 """Kaiwa's own exceptions, so callers never catch a client library's types.
 
 Third-party exceptions are mapped to these at exactly one boundary each (the model client maps
-ollama and httpx errors in `core.model`, the store maps SQLAlchemy's when it opens), with
-`raise ... from exc`. Every message is written for
-the person reading the conversation: what went wrong, then how to fix it.
+ollama and httpx errors in `core.model`; the store maps SQLAlchemy's where it opens, in
+`core.store`, and where its calls run, in `core.dbthread`), with `raise ... from exc`. Every
+message is written for the person reading the conversation: what went wrong, then how to fix it.
 
     KaiwaError
     ├── ConfigError            a setting is wrong; names the key and the expected type
-    ├── StoreError             the database cannot be opened or migrated
+    ├── StoreError             the database cannot be opened or migrated, or refused a write
+    │   └── StoreUnavailable   the database did not answer within [storage].write_retry_seconds
     ├── ChannelError           a platform refused to start a channel (a wrong token, ...)
     ├── ModelError             a model request did not produce a reply
     │   ├── ModelUnreachable   Ollama is not listening at the configured URL
@@ -28,7 +29,16 @@ class ConfigError(KaiwaError):
 
 
 class StoreError(KaiwaError):
-    """The database cannot be opened or migrated; the message names the setting to check."""
+    """The database cannot be opened or migrated, or refused a write; the message says why.
+    `plainly` says it for a person in a chat, who is not the operator (the log has the rest)."""
+
+    plainly = "Kaiwa's database refused to save it (the log says why)"
+
+
+class StoreUnavailable(StoreError):
+    """The database was unreachable for longer than a call could wait (an outage)."""
+
+    plainly = "Kaiwa's database is not answering"
 
 
 class ChannelError(KaiwaError):

@@ -35,6 +35,7 @@ from core.errors import (
     ModelUnreachable,
 )
 from core.messages import Usage
+from core.text import clean, clean_all
 
 MAX_IDLE_CONNECTIONS = 32
 """httpcore scans its whole pool on every request, so a burst's worth of idle connections would
@@ -212,9 +213,10 @@ def _absorb(part: ollama.ChatResponse, reply: ModelReply, on_chunk: ChunkCallbac
     message = part.message
     if message.tool_calls:
         reply.tool_calls.extend(
-            (call.function.name, dict(call.function.arguments)) for call in message.tool_calls
+            (clean(call.function.name), clean_all(dict(call.function.arguments)))
+            for call in message.tool_calls
         )
-    text, thinking = message.content or "", message.thinking or ""
+    text, thinking = clean(message.content or ""), clean(message.thinking or "")
     if text or thinking:
         reply.text += text
         reply.thinking += thinking

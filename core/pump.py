@@ -1,18 +1,20 @@
 """The frame pump: shows a turn's progress at most once per interval, saving before it shows.
 
 Streaming chunks arrive far faster than any platform accepts edits, so the turn does not push each
-one. The pump wakes when something changed, saves the partial text (so the store is never behind
-the screen), pushes one frame, then rests for the channel's frame interval; whatever changes in
-the meantime is coalesced into the next frame. A failing save or edit is logged, never raised: the
-turn's outcome does not depend on its display. Closing lets an edit in flight finish (see
-`close`).
+one. The pump wakes when something changed, takes the frame to show, saves what that frame shows
+and waits until it is stored (so the store is never behind the screen), pushes the frame, then
+rests for the channel's frame interval; whatever changes in the meantime is coalesced into the
+next frame. A save that fails (the database is away for longer than a write may wait) means the
+frame is not shown; a failing edit is logged. Neither is raised: the turn's outcome does not
+depend on its display. Closing lets an edit in flight finish (see `close`).
 """
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from core.channel import Frame, Reply
+from core.errors import StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +24,7 @@ class FramePump:
         self,
         reply: Reply,
         frame: Callable[[], Frame],
-        save: Callable[[], None],
+        save: Callable[[], Awaitable[None]],
         interval: float,
         *,
         name: str,
@@ -33,17 +35,24 @@ class FramePump:
         self._interval = interval
         self._wake = asyncio.Event()
         self._showing: asyncio.Future[None] | None = None
+        self.shown_text = ""
+        """The text of the last frame shown: always text that is stored."""
+        self._unsaved = False
         self._task = asyncio.create_task(self._run(), name=name)
 
     def poke(self) -> None:
         """Something changed: show it at the next opportunity."""
         self._wake.set()
 
+    def halt(self) -> None:
+        """Start no more frames (an edit already on its way goes on); see `close`."""
+        self._task.cancel()
+
     async def close(self) -> None:
         """Stop pumping. An edit already on its way is let through first: cut short, it could
         reach the platform while the reply believes it did not, and the reply's last word would
         then go out as a second message. Safe to call twice."""
-        self._task.cancel()
+        self.halt()
         await asyncio.gather(self._task, return_exceptions=True)
         if self._showing is not None:
             await asyncio.gather(self._showing, return_exceptions=True)
@@ -52,13 +61,18 @@ class FramePump:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            frame = self._frame()
             try:
-                self._save()
-            except Exception:
-                logger.exception("saving the partial reply failed; the reply goes on")
-            self._showing = asyncio.ensure_future(self._reply.update(self._frame()))
+                await self._save()  # queued before the next chunk can change what `frame` shows
+            except StoreError as exc:
+                if not self._unsaved:
+                    logger.warning("showing no more of a reply that could not be saved: %s", exc)
+                self._unsaved = True
+                continue
+            self._showing = asyncio.ensure_future(self._reply.update(frame))
             try:
                 await asyncio.shield(self._showing)
+                self.shown_text = frame.text
             except Exception:
                 logger.exception("showing the partial reply failed; the reply goes on")
             self._showing = None

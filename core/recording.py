@@ -1,37 +1,71 @@
-"""The turn's loop sink: stores every message the moment it exists and keeps the display state.
+"""The turn's loop sink: queues a record of everything the moment it exists, and keeps the display.
 
-The agent loop reports synchronously; this class writes through the synchronous store, so by the
-time a stop can land, whatever the loop reported is already a row. Streaming text is the one thing
-not written on every chunk: `save_partial` writes it, and the frame pump calls that right before
-each frame it shows, so the stored text is never behind what a person has seen.
+The agent loop reports synchronously, and each report queues its write on the store at once
+(`core.store` runs queued calls in order), so by the time a stop can land, whatever the loop
+reported is already on its way to the database and nothing can take it back. Writes are awaited
+only where something must come after them: `save_partial` before the frame pump shows a frame
+(the text a person sees is never ahead of the store), and `flushed` before the closing notice
+(invariant 5 in core/turns.py).
+
+The turn's own row is still being written when the model call begins (`starting`), so the first
+model call does not wait for a database round trip; writes reported before that row exists are
+held here and queued, in order, the moment it does. Awaiting any write awaits the row first.
+
+Each message has its place in the turn (`seq`; the person's message is 0), and saving it again
+replaces it, so the streaming text can be saved as often as frames are shown. A message without
+tool calls is the turn's answer: it is held and written with the turn's ending, in the same
+transaction, unless a frame shows it first.
 
 The text a person sees and the stored text are built from the same strings: the answers of the
 turn's assistant messages joined by blank lines (`display_text`).
 """
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Callable
 
 from core.channel import Frame
+from core.errors import StoreError
 from core.loop import LoopSink
 from core.messages import AssistantMessage, ToolCall, ToolResult, Usage, UsageTotals
-from core.store import Store
+from core.store import StartedTurn, Store, TurnMessage, TurnState
+from core.tables import utc_now
+
+logger = logging.getLogger(__name__)
 
 PARAGRAPH = "\n\n"
 
 
+Write = tuple[list[tuple[int, TurnMessage]], TurnState | None]
+
+
 class TurnRecorder(LoopSink):
-    def __init__(self, store: Store, conversation_id: int, turn_id: int) -> None:
+    def __init__(self, store: Store, starting: "asyncio.Future[StartedTurn]") -> None:
         self._store = store
-        self._conversation_id = conversation_id
-        self.turn_id = turn_id
+        self._starting = starting
+        self._started: StartedTurn | None = None
+        self._settled = False
+        """`starting` is done and its outcome taken in (its callback ran, not only resolved)."""
+        self._held: list[tuple[Write, asyncio.Future[None]]] = []
+        starting.add_done_callback(self._turn_stored)
         self.usage = UsageTotals()
+        self._seq = 1
+        """The place in the turn of the assistant message being written."""
         self._said: list[str] = []
         self._text = ""
         self._thinking = ""
+        self._answer: AssistantMessage | None = None
         self._activity: str | None = None
-        self._partial_id: int | None = None
         self._saved = ("", "")
+        self._writes: list[asyncio.Future[None]] = []
+        self._failure: BaseException | None = None
         self.on_change: Callable[[], None] = _nothing
+
+    @property
+    def turn_id(self) -> int | None:
+        """The turn's row, once it is stored."""
+        return self._started.turn_id if self._started else None
 
     # -- LoopSink ------------------------------------------------------------------------------
 
@@ -47,15 +81,19 @@ class TurnRecorder(LoopSink):
 
     def model_call_finished(self, usage: Usage, message: AssistantMessage | None) -> None:
         self.usage.add(usage)
+        held = self._take_answer()
         if message is None:
-            self._store.record_usage(self.turn_id, self.usage)
+            self._write(held, state=self._state())
             return
-        self._store.save_assistant_message(
-            self._conversation_id, self.turn_id, message, self._partial_id, usage=self.usage
-        )
+        if message.tool_calls:
+            self._write([*held, (self._seq, message)], state=self._state())
+        else:
+            self._write(held)
+            self._answer = message
         if message.text:
             self._said.append(message.text)
-        self._text, self._thinking, self._partial_id = "", "", None
+        self._seq += 1
+        self._text, self._thinking = "", ""
         self._saved = ("", "")
         self.on_change()
 
@@ -64,9 +102,10 @@ class TurnRecorder(LoopSink):
         self.on_change()
 
     def tool_finished(self, result: ToolResult) -> None:
-        self._store.add_tool_result(self._conversation_id, self.turn_id, result)
+        self._write([(self._seq, result)])
+        self._seq += 1
 
-    # -- display and partial text --------------------------------------------------------------
+    # -- display, saving, ending ---------------------------------------------------------------
 
     def display_text(self) -> str:
         return PARAGRAPH.join([*self._said, self._text] if self._text else self._said)
@@ -74,15 +113,122 @@ class TurnRecorder(LoopSink):
     def frame(self) -> Frame:
         return Frame(self.display_text(), self._thinking, self._activity)
 
-    def save_partial(self) -> None:
-        """Store the message being streamed, if it changed since the last save."""
-        if (self._text, self._thinking) == self._saved:
+    def save_partial(self) -> "asyncio.Future[None]":
+        """Queue a save of what a frame would show now (the message being streamed, and an
+        answer not yet written); resolves once it and every earlier write are stored."""
+        messages = self._take_answer()
+        if (self._text, self._thinking) != self._saved:
+            partial = AssistantMessage(self._text, self._thinking, partial=True)
+            messages.append((self._seq, partial))
+            self._saved = (self._text, self._thinking)
+        self._write(messages)
+        return asyncio.ensure_future(self.flushed())
+
+    def finish(self, status: str, stop_reason: str | None, error: str | None) -> None:
+        """Queue the turn's ending, with its answer if it was held."""
+        state = TurnState(status, self.usage, stop_reason, error, utc_now())
+        self._write(self._take_answer(), state=state)
+
+    def mark_unsaved(self, error: str) -> None:
+        """The turn's records could not all be written: once the database is back, the turn
+        ends `failed` (a durable write, queued after the ones that failed). A turn whose own row
+        was never stored has nothing to mark."""
+        if self._started is None:
             return
-        partial = AssistantMessage(self._text, self._thinking, partial=True)
-        self._partial_id = self._store.save_assistant_message(
-            self._conversation_id, self.turn_id, partial, self._partial_id
+        state = TurnState("failed", self.usage, None, error, utc_now())
+        started = self._started
+        with contextlib.suppress(StoreError):  # closed already: start-up marks it interrupted
+            repair = self._store.record_turn(
+                started.conversation_id, started.turn_id, state=state, durable=True
+            )
+            asyncio.ensure_future(repair).add_done_callback(_log_lost_repair)
+
+    async def flushed(self) -> None:
+        """Wait until the turn's row and every write queued so far are stored; raise the first
+        that failed (a `StoreError`), again on every later call."""
+        await asyncio.wait([self._starting])  # its callback has queued the held writes by now
+        pending = list(self._writes)
+        if pending:
+            await asyncio.wait(pending)
+            del self._writes[: len(pending)]
+            for write in pending:
+                if self._failure is None and write.exception() is not None:
+                    self._failure = write.exception()
+        if self._failure is not None:
+            raise self._failure
+
+    def _take_answer(self) -> list[tuple[int, TurnMessage]]:
+        if self._answer is None:
+            return []
+        held, self._answer = self._answer, None
+        return [(self._seq - 1, held)]
+
+    def _state(self) -> TurnState:
+        return TurnState("running", self.usage)
+
+    def _write(
+        self, messages: list[tuple[int, TurnMessage]], *, state: TurnState | None = None
+    ) -> None:
+        if not messages and state is None:
+            return
+        if self._settled:
+            self._writes.append(self._submit((messages, state)))
+        else:  # queued the moment the turn's row is stored, in order
+            placeholder = asyncio.get_running_loop().create_future()
+            self._held.append(((messages, state), placeholder))
+            self._writes.append(placeholder)
+
+    def _turn_stored(self, starting: "asyncio.Future[StartedTurn]") -> None:
+        if not starting.cancelled() and starting.exception() is None:
+            self._started = starting.result()
+        self._settled = True
+        held, self._held = self._held, []
+        for write, placeholder in held:
+            _copy_outcome(self._submit(write), placeholder)
+
+    def _submit(self, write: Write) -> "asyncio.Future[None]":
+        """Queue `write` on the store; a future that fails with the reason it cannot be (the
+        turn's row was not stored, or the store is closed)."""
+        failed = asyncio.get_running_loop().create_future()
+        if self._started is None:
+            reason = self._starting.exception() if not self._starting.cancelled() else None
+            failed.set_exception(reason or StoreError("the turn was not stored"))
+            return failed
+        messages, state = write
+        try:
+            call = self._store.record_turn(
+                self._started.conversation_id,
+                self._started.turn_id,
+                messages=messages,
+                state=state,
+            )
+        except StoreError as exc:
+            failed.set_exception(exc)
+            return failed
+        return asyncio.ensure_future(call)
+
+
+def _copy_outcome(source: "asyncio.Future[None]", target: "asyncio.Future[None]") -> None:
+    def copy(done: "asyncio.Future[None]") -> None:
+        if target.done():
+            return
+        if done.cancelled():
+            target.cancel()
+        elif done.exception() is not None:
+            target.set_exception(done.exception())  # type: ignore[arg-type]
+        else:
+            target.set_result(None)
+
+    source.add_done_callback(copy)
+
+
+def _log_lost_repair(repair: "asyncio.Future[None]") -> None:
+    if not repair.cancelled() and repair.exception() is not None:
+        logger.error(
+            "a turn that could not be saved is still marked running (%s); the next start marks "
+            "it interrupted",
+            repair.exception(),
         )
-        self._saved = (self._text, self._thinking)
 
 
 def _nothing() -> None:

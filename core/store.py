@@ -1,257 +1,527 @@
 """Persistence for conversations, messages, turns and inbound events.
 
-Why it is synchronous: every write is one short statement and a commit (SQLite in WAL mode, or
-PostgreSQL nearby), and a synchronous call cannot be torn by task cancellation, which is what lets
-the turn path promise that a stop never loses what was already said (DESIGN.md invariants 4, 5).
-The store owns one connection on the event loop's thread; nothing else touches the database. It
-speaks SQLAlchemy Core with statements built once (a quarter of the cost of an ORM session per
-write, measured: 58 µs against 500 µs for an insert and commit on SQLite), and hands back the
-SQLModel row objects built with `model_construct` (the rows come from our own schema, so
-validating them again costs 37 µs a row for nothing).
+Every call is queued on a database thread (`core.dbthread`) the moment it is made and returns an
+awaitable of its result. So the event loop never waits on a round trip, and calls made one after
+another land in that order even when the caller awaits none of them until later. The turn path
+relies on both: the agent loop's sink queues each record as it happens (no stop can lose it) and
+awaits them before whatever must come after them (a frame shown, the closing notice).
 
-SQLite is the embedded default (WAL, a busy timeout, foreign keys on). Any other SQLAlchemy URL,
-PostgreSQL in particular, runs the same code. The schema is created and upgraded by the Alembic
-migrations in `core/migrations`, applied when the store opens (`core.schema`).
+A turn's common path is three transactions: the message recorded (`claim_inbound`), the turn
+started (`start_turn`: the conversation, its history, the turn and the person's message), and the
+reply with the turn's ending (`record_turn`). Under load, calls of many conversations share one
+transaction (group commit, in `core.dbthread`).
+
+No input can fail a record: every text written is cleaned first (`core.text.clean`: characters
+that cannot be encoded become U+FFFD; NUL, which PostgreSQL refuses in text, is dropped) and cut
+to its column's length. The engine never logs statement parameters, so a person's text cannot
+reach the log through an error.
+
+A transaction whose COMMIT answer is lost with the connection is run again. Each write is written
+to stay true under that replay: messages are upserted by (turn, seq); a turn's update writes its
+whole mutable state; a claim recognises its own row by its claim token. Only `start_turn` would
+write a second turn; losing the connection in that instant is the one case left.
+
+SQLite is the embedded default (WAL, `[storage].sqlite_synchronous`, a busy timeout) and gets one
+thread, since SQLite has one writer at a time. PostgreSQL gets `[storage].connections` threads;
+a turn's own writes all go to one of them (keyed by the turn), so they stay in order. Statements
+are SQLAlchemy Core built once, and rows come back as SQLModel objects built with
+`model_construct` (the rows come from our own schema; validating them again costs 37 µs a row).
+The schema is created and upgraded by the Alembic migrations in `core/migrations` (`core.schema`).
 """
 
-from collections.abc import Sequence
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Executable, bindparam, event, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Executable,
+    bindparam,
+    create_engine,
+    event,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import configure_mappers
-from sqlmodel import SQLModel, create_engine
+from sqlmodel import SQLModel
 
+from core.dbthread import DatabaseThread, OutageLog, Unit
 from core.errors import StoreError
 from core.messages import AssistantMessage, ToolResult, UsageTotals
 from core.schema import ensure_schema
 from core.tables import Conversation, InboundEvent, Message, Turn, utc_now
+from core.text import clean_all
+
+logger = logging.getLogger(__name__)
 
 Row = TypeVar("Row", bound=SQLModel)
-SQLITE_BUSY_TIMEOUT_MS = 5000
+T = TypeVar("T")
 INTERRUPTED = "Kaiwa stopped before this turn finished (the process ended without a shutdown)"
+BACKENDS = ("sqlite", "postgresql")
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    sqlite_synchronous: str = "NORMAL"
+    """NORMAL: a commit survives Kaiwa crashing; FULL: it also survives the machine losing power
+    (an fsync per commit)."""
+    write_retry_seconds: float = 30.0
+    connections: int = 4
+    """Database threads (and connections) for PostgreSQL; SQLite always has one."""
+    close_grace_seconds: float = 10.0
+    sqlite_busy_seconds: float = 5.0
+    """How long SQLite waits for a lock another process holds before the write counts as
+    failed (and is retried like any outage)."""
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """A platform message as the inbox records it, before anything acts on it."""
+
+    platform: str
+    platform_message_id: str
+    place: str
+    text: str
+    author: str | None = None
+    status: str = "received"
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    place: str
+    agent: str
+    system_prompt: str
+    provenance: str
+    text: str
+    author: str | None = None
+    inbound_event_id: int | None = None
+    conversation_id: int | None = None
+    """The place's conversation (`conversation_of`); None opens a new one, with `agent` and
+    `system_prompt`."""
+
+
+@dataclass(frozen=True)
+class StartedTurn:
+    conversation_id: int
+    turn_id: int
+
+
+@dataclass(frozen=True)
+class TurnState:
+    """Everything about a turn that changes after it starts, written whole every time."""
+
+    status: str = "running"
+    usage: UsageTotals = field(default_factory=UsageTotals)
+    stop_reason: str | None = None
+    error: str | None = None
+    ended_at: datetime | None = None
+
+
+TurnMessage = AssistantMessage | ToolResult
 
 
 class Store:
-    def __init__(self, url: str) -> None:
-        shown = make_url(url).render_as_string(hide_password=True)
+    def __init__(
+        self, engine: Engine, threads: list[DatabaseThread], settings: StoreSettings
+    ) -> None:
+        self._engine = engine
+        self._shown = engine.url.render_as_string(hide_password=True)
+        self._threads = threads
+        self._dialect = engine.dialect.name
+        self.settings = settings
+
+    @classmethod
+    async def open(cls, url: str, settings: StoreSettings | None = None) -> "Store":
+        """Open (and create or migrate) the database at `url`; a `StoreError` names the fix."""
+        settings = settings or StoreSettings()
+        shown = _shown(url)
+        engine = _engine_for(url, settings)
         try:
-            self._engine = _engine_for(url)
-            ensure_schema(self._engine)
-            self._connection = self._engine.connect()
-            configure_mappers()  # `model_construct` skips the call that would otherwise do it
+            await asyncio.to_thread(ensure_schema, engine)
         except (SQLAlchemyError, OSError) as exc:
+            engine.dispose()
             raise StoreError(
                 f"cannot open the database {shown}: {_first_line(exc)}; check that it is "
                 "reachable and that [storage].database_url_env names the right variable"
             ) from exc
+        configure_mappers()  # `model_construct` skips the call that would otherwise do it
+        count = 1 if engine.dialect.name == "sqlite" else settings.connections
+        outages = OutageLog(settings.write_retry_seconds)
+        threads = [
+            DatabaseThread(
+                engine,
+                name=f"kaiwa-db-{index}",
+                retry_seconds=settings.write_retry_seconds,
+                outages=outages,
+            )
+            for index in range(count)
+        ]
+        return cls(engine, threads, settings)
 
-    def close(self) -> None:
-        self._connection.close()
+    async def close(self) -> None:
+        """Let every queued call run (a lost connection is retried for a short grace), then
+        close the connections."""
+        grace = self.settings.close_grace_seconds
+        await asyncio.gather(*(thread.close(grace) for thread in self._threads))
         self._engine.dispose()
 
-    def close_interrupted_turns(self) -> int:
+    def describe(self) -> Awaitable[str]:
+        """What the store is, for the log: the backend, where, and how it keeps commits."""
+        if self._dialect != "sqlite":
+            connections = len(self._threads)
+            return self._call(lambda _: f"PostgreSQL {self._shown} ({connections} connections)")
+
+        def run(connection: Connection) -> str:
+            journal = connection.exec_driver_sql("PRAGMA journal_mode").scalar()
+            level = connection.exec_driver_sql("PRAGMA synchronous").scalar()
+            synchronous = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(level, str(level))
+            return f"SQLite {self._engine.url.database} ({journal}, synchronous {synchronous})"
+
+        return self._call(run)
+
+    # -- inbound events ------------------------------------------------------------------------
+
+    def claim_inbound(self, inbound: Inbound) -> Awaitable[int | None]:
+        """Record a platform message in the inbox; None if it was recorded before (a
+        redelivery). The platform may be told the message arrived once this resolves."""
+        token = uuid.uuid4().hex
+        values = _fit(
+            InboundEvent,
+            {
+                "platform": inbound.platform,
+                "platform_message_id": inbound.platform_message_id,
+                "place": inbound.place,
+                "text": inbound.text,
+                "author": inbound.author,
+                "status": inbound.status,
+                "claim": token,
+                "received_at": utc_now(),
+            },
+        )
+        claim_statement = _claim_statement(self._dialect)
+
+        def claim(connection: Connection) -> int | None:
+            inserted = connection.execute(claim_statement, values).scalar()
+            if inserted is not None:
+                return int(inserted)
+            # A replay of our own committed claim finds its token; anyone else's is a duplicate.
+            return connection.execute(_own_claim_statement(), values).scalar()
+
+        return self._call(claim, autocommit=True)  # its SELECT only looks at its own row
+
+    def mark_inbound(self, event_id: int, status: str) -> Awaitable[None]:
+        return self._call(_updater(InboundEvent, event_id, {"status": status}), autocommit=True)
+
+    def inbound_status(self, platform: str, platform_message_id: str) -> Awaitable[str | None]:
+        table = InboundEvent.__table__  # type: ignore[attr-defined]
+        statement = select(table.c.status).where(
+            table.c.platform == platform, table.c.platform_message_id == platform_message_id
+        )
+        return self._call(
+            lambda connection: connection.execute(statement).scalar(), autocommit=True
+        )
+
+    # -- conversations -------------------------------------------------------------------------
+
+    def active_conversation(self, place: str) -> Awaitable[Conversation | None]:
+        return self._call(
+            lambda connection: _active_conversation(connection, place), autocommit=True
+        )
+
+    def open_conversation(
+        self, place: str, agent: str, system_prompt: str
+    ) -> Awaitable[Conversation]:
+        return self._call(
+            lambda connection: _open_conversation(connection, place, agent, system_prompt)
+        )
+
+    def close_conversation(self, conversation_id: int) -> Awaitable[None]:
+        closing = _updater(Conversation, conversation_id, {"closed_at": utc_now()})
+        return self._call(closing, autocommit=True)
+
+    def history(self, conversation_id: int) -> Awaitable[list[Message]]:
+        return self._call(
+            lambda connection: _of_conversation(connection, Message, conversation_id),
+            autocommit=True,
+        )
+
+    # -- turns ---------------------------------------------------------------------------------
+
+    def conversation_of(self, place: str) -> Awaitable[tuple[Conversation | None, list[Message]]]:
+        """The place's active conversation (None if it has none) and its messages so far."""
+
+        def run(connection: Connection) -> tuple[Conversation | None, list[Message]]:
+            conversation = _active_conversation(connection, place)
+            if conversation is None or conversation.id is None:
+                return None, []
+            return conversation, _of_conversation(connection, Message, conversation.id)
+
+        # Two reads need no transaction: the caller holds the conversation's gate.
+        return self._call(run, autocommit=True)
+
+    def start_turn(self, start: TurnStart) -> Awaitable[StartedTurn]:
+        """Open a turn (and, if `start` names none, its conversation) and store the message
+        that started it: one transaction."""
+
+        def run(connection: Connection) -> StartedTurn:
+            conversation_id = start.conversation_id
+            if conversation_id is None:
+                opened = _open_conversation(
+                    connection, start.place, start.agent, start.system_prompt
+                )
+                assert opened.id is not None
+                conversation_id = opened.id
+            now = utc_now()
+            turn = {
+                "conversation_id": conversation_id,
+                "inbound_event_id": start.inbound_event_id,
+                "provenance": start.provenance,
+                "status": "running",
+                "started_at": now,
+                **_usage_values(UsageTotals()),
+            }
+            turn_id = int(
+                connection.execute(_insert_statement(Turn), _fit(Turn, turn)).scalar_one()
+            )
+            said = _message_defaults(now) | {
+                "conversation_id": conversation_id,
+                "turn_id": turn_id,
+                "seq": 0,
+                "role": "user",
+                "text": start.text,
+                "author": start.author,
+            }
+            said = _fit(Message, said)
+            connection.execute(insert(Message.__table__), said)  # type: ignore[attr-defined]
+            return StartedTurn(conversation_id, turn_id)
+
+        return self._call(run)
+
+    def record_turn(
+        self,
+        conversation_id: int,
+        turn_id: int,
+        *,
+        messages: Sequence[tuple[int, TurnMessage]] = (),
+        state: TurnState | None = None,
+        durable: bool = False,
+    ) -> Awaitable[None]:
+        """Save the turn's messages (each by its `seq` in the turn, so saving one again
+        replaces it) and its state, in one transaction. `durable`: keep trying through an outage
+        for as long as the store is open (a turn's ending must not stay `running`)."""
+        now = utc_now()
+        rows = [
+            _fit(Message, _message_row(conversation_id, turn_id, seq, message, now))
+            for seq, message in messages
+        ]
+        values = None if state is None else _state_values(state)
+        upsert = _upsert_message_statement(self._dialect)
+
+        def run(connection: Connection) -> None:
+            if rows:
+                connection.execute(upsert, rows)  # one statement, however many rows
+            if values is not None:
+                _updater(Turn, turn_id, values)(connection)
+
+        return self._call(run, key=turn_id, durable=durable)
+
+    def turns(self, conversation_id: int) -> Awaitable[list[Turn]]:
+        return self._call(
+            lambda connection: _of_conversation(connection, Turn, conversation_id), autocommit=True
+        )
+
+    def turn(self, turn_id: int) -> Awaitable[Turn]:
+        def run(connection: Connection) -> Turn:
+            (row,) = _rows(connection, Turn, _by_id_statement(Turn), row_id=turn_id)
+            return row
+
+        return self._call(run, autocommit=True)
+
+    def close_interrupted_turns(self) -> Awaitable[int]:
         """Mark turns left `running` by a process that died as interrupted; returns how many.
 
         One Kaiwa process owns a database: a second one would also break the per-conversation
         gate, which lives in memory.
         """
-        table = Turn.__table__
+        table = Turn.__table__  # type: ignore[attr-defined]
         statement = (
             update(table)
             .where(table.c.status == "running")
             .values(status="interrupted", error=INTERRUPTED, ended_at=utc_now())
         )
-        with self._connection.begin():
-            return self._connection.execute(statement).rowcount
-
-    # -- inbound events ------------------------------------------------------------------------
-
-    def record_inbound(self, platform: str, platform_message_id: str, place: str) -> int | None:
-        """Remember a platform message; None if it was seen before (a redelivery)."""
-        try:
-            event_id = self._insert(
-                InboundEvent,
-                platform=platform,
-                platform_message_id=platform_message_id,
-                place=place,
-                status="received",
-                received_at=utc_now(),
-            )
-        except IntegrityError:
-            return None
-        return event_id
-
-    def mark_inbound(self, event_id: int, status: str) -> None:
-        self._update(InboundEvent, event_id, status=status)
-
-    def inbound_status(self, platform: str, platform_message_id: str) -> str | None:
-        table = InboundEvent.__table__
-        statement = select(table.c.status).where(
-            table.c.platform == platform, table.c.platform_message_id == platform_message_id
-        )
-        with self._connection.begin():
-            return self._connection.execute(statement).scalar()
-
-    # -- conversations -------------------------------------------------------------------------
-
-    def active_conversation(self, place: str) -> Conversation | None:
-        found = self._rows(Conversation, _active_conversation_statement(), place=place)
-        return found[0] if found else None
-
-    def open_conversation(self, place: str, agent: str, system_prompt: str) -> Conversation:
-        values = {
-            "place": place,
-            "agent": agent,
-            "system_prompt": system_prompt,
-            "created_at": utc_now(),
-        }
-        with self._connection.begin():
-            row = self._connection.execute(_insert_returning_row(Conversation), values).one()
-        return Conversation.model_construct(**row._mapping)
-
-    def close_conversation(self, conversation_id: int) -> None:
-        self._update(Conversation, conversation_id, closed_at=utc_now())
-
-    def history(self, conversation_id: int) -> list[Message]:
-        return self._of_conversation(Message, conversation_id)
-
-    # -- turns ---------------------------------------------------------------------------------
-
-    def start_turn(
-        self, conversation_id: int, provenance: str, text: str, author: str | None
-    ) -> int:
-        """Open a turn and store the message that started it, in one transaction."""
-        now = utc_now()
-        turn = {
-            "conversation_id": conversation_id,
-            "provenance": provenance,
-            "status": "running",
-            "started_at": now,
-        }
-        with self._connection.begin():
-            turn_id = self._insert_row(Turn, turn)
-            message = {
-                "conversation_id": conversation_id,
-                "turn_id": turn_id,
-                "role": "user",
-                "text": text,
-                "author": author,
-                "created_at": now,
-                "updated_at": now,
-            }
-            self._insert_row(Message, message)
-        return turn_id
-
-    def record_usage(self, turn_id: int, usage: UsageTotals) -> None:
-        self._update(Turn, turn_id, **_usage_values(usage))
-
-    def finish_turn(
-        self, turn_id: int, status: str, *, stop_reason: str | None = None, error: str | None = None
-    ) -> None:
-        self._update(
-            Turn, turn_id, status=status, stop_reason=stop_reason, error=error, ended_at=utc_now()
-        )
-
-    def turns(self, conversation_id: int) -> list[Turn]:
-        return self._of_conversation(Turn, conversation_id)
-
-    def turn(self, turn_id: int) -> Turn:
-        return self._by_id(Turn, turn_id)
-
-    # -- messages ------------------------------------------------------------------------------
-
-    def save_assistant_message(
-        self,
-        conversation_id: int,
-        turn_id: int,
-        message: AssistantMessage,
-        message_id: int | None,
-        *,
-        usage: UsageTotals | None = None,
-    ) -> int:
-        """Insert the message (or update row `message_id`); with `usage`, record the turn's
-        usage in the same transaction. Returns the message's id."""
-        values = {
-            "text": message.text,
-            "thinking": message.thinking,
-            "tool_calls": _calls_json(message) or None,
-            "partial": message.partial,
-            "stopped": message.stopped,
-            "updated_at": utc_now(),
-        }
-        with self._connection.begin():
-            if message_id is None:
-                values |= {
-                    "conversation_id": conversation_id,
-                    "turn_id": turn_id,
-                    "role": "assistant",
-                    "created_at": values["updated_at"],
-                }
-                message_id = self._insert_row(Message, values)
-            else:
-                self._update_row(Message, message_id, values)
-            if usage is not None:
-                self._update_row(Turn, turn_id, _usage_values(usage))
-        return message_id
-
-    def add_tool_result(self, conversation_id: int, turn_id: int, result: ToolResult) -> int:
-        return self._add_message(
-            conversation_id,
-            turn_id,
-            role="tool",
-            text=result.content,
-            tool_name=result.call.name,
-            tool_call_id=result.call.call_id,
-            tool_status=result.status.value,
-        )
-
-    def _add_message(self, conversation_id: int, turn_id: int | None, **values: Any) -> int:
-        now = utc_now()
-        return self._insert(
-            Message,
-            conversation_id=conversation_id,
-            turn_id=turn_id,
-            created_at=now,
-            updated_at=now,
-            **values,
+        return self._call(
+            lambda connection: connection.execute(statement).rowcount, autocommit=True
         )
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _insert(self, model: type[SQLModel], **values: Any) -> int:
-        with self._connection.begin():
-            return self._insert_row(model, values)
-
-    def _update(self, model: type[SQLModel], row_id: int, **values: Any) -> None:
-        with self._connection.begin():
-            self._update_row(model, row_id, values)
-
-    def _insert_row(self, model: type[SQLModel], values: dict[str, Any]) -> int:
-        return int(self._connection.execute(_insert_statement(model), values).scalar_one())
-
-    def _update_row(self, model: type[SQLModel], row_id: int, values: dict[str, Any]) -> None:
-        self._connection.execute(_update_statement(model), {"row_id": row_id, **values})
-
-    def _rows(self, model: type[Row], statement: Executable, **parameters: Any) -> list[Row]:
-        with self._connection.begin():
-            rows = self._connection.execute(statement, parameters)
-            return [model.model_construct(**row._mapping) for row in rows]
-
-    def _of_conversation(self, model: type[Row], conversation_id: int) -> list[Row]:
-        statement = _of_conversation_statement(model)
-        return self._rows(model, statement, conversation_id=conversation_id)
-
-    def _by_id(self, model: type[Row], row_id: int) -> Row:
-        (row,) = self._rows(model, _by_id_statement(model), row_id=row_id)
-        return row
+    def _call(
+        self,
+        unit: Unit[T],
+        *,
+        key: int | None = None,
+        durable: bool = False,
+        autocommit: bool = False,
+    ) -> "asyncio.Future[T]":
+        """Queue `unit` on a database thread: the one `key` maps to (so calls with one key keep
+        their order), else the least busy. `autocommit`: `unit` needs no transaction around it
+        (one statement, or reads whose consistency the caller keeps)."""
+        if key is not None:
+            thread = self._threads[key % len(self._threads)]
+        else:
+            thread = min(self._threads, key=lambda each: each.backlog)
+        return thread.submit(unit, durable=durable, autocommit=autocommit)
 
 
-# Statements are built once and reused: SQLAlchemy then skips rebuilding and re-keying them,
-# which is most of the cost of a small query.
+# -- units ----------------------------------------------------------------------------------------
+
+
+def _active_conversation(connection: Connection, place: str) -> Conversation | None:
+    found = _rows(connection, Conversation, _active_conversation_statement(), place=place)
+    return found[0] if found else None
+
+
+def _open_conversation(
+    connection: Connection, place: str, agent: str, system_prompt: str
+) -> Conversation:
+    values = _fit(
+        Conversation,
+        {"place": place, "agent": agent, "system_prompt": system_prompt, "created_at": utc_now()},
+    )
+    row = connection.execute(_insert_returning_row(Conversation), values).one()
+    return Conversation.model_construct(**row._mapping)
+
+
+def _of_conversation(connection: Connection, model: type[Row], conversation_id: int) -> list[Row]:
+    statement = _of_conversation_statement(model)
+    return _rows(connection, model, statement, conversation_id=conversation_id)
+
+
+def _rows(
+    connection: Connection, model: type[Row], statement: Executable, **parameters: Any
+) -> list[Row]:
+    return [
+        model.model_construct(**row._mapping) for row in connection.execute(statement, parameters)
+    ]
+
+
+def _updater(model: type[SQLModel], row_id: int, values: dict[str, Any]) -> Unit[None]:
+    statement = _update_statement(model)
+    parameters = {"row_id": row_id, **_fit(model, values)}
+
+    def run(connection: Connection) -> None:
+        connection.execute(statement, parameters)
+
+    return run
+
+
+def _message_row(
+    conversation_id: int, turn_id: int, seq: int, message: TurnMessage, now: datetime
+) -> dict[str, Any]:
+    row = {
+        "conversation_id": conversation_id,
+        "turn_id": turn_id,
+        "seq": seq,
+        **_message_defaults(now),
+    }
+    if isinstance(message, ToolResult):
+        return row | {
+            "role": "tool",
+            "text": message.content,
+            "tool_name": message.call.name,
+            "tool_call_id": message.call.call_id,
+            "tool_status": message.status.value,
+        }
+    return row | {
+        "role": "assistant",
+        "text": message.text,
+        "thinking": message.thinking,
+        "tool_calls": _calls_json(message) or None,
+        "partial": message.partial,
+        "stopped": message.stopped,
+    }
+
+
+def _message_defaults(now: datetime) -> dict[str, Any]:
+    return {
+        "text": "",
+        "thinking": "",
+        "tool_calls": None,
+        "tool_name": None,
+        "tool_call_id": None,
+        "tool_status": None,
+        "author": None,
+        "partial": False,
+        "stopped": False,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def _state_values(state: TurnState) -> dict[str, Any]:
+    return {
+        "status": state.status,
+        "stop_reason": state.stop_reason,
+        "error": state.error,
+        "ended_at": state.ended_at,
+        **_usage_values(state.usage),
+    }
+
+
+def _usage_values(usage: UsageTotals) -> dict[str, Any]:
+    return {
+        "model_calls": usage.model_calls,
+        "prompt_tokens": usage.prompt_tokens,
+        "output_tokens": usage.output_tokens,
+        "model_seconds": usage.seconds,
+    }
+
+
+def _calls_json(message: AssistantMessage) -> list[dict[str, Any]]:
+    return [
+        {"id": call.call_id, "name": call.name, "arguments": call.arguments}
+        for call in message.tool_calls
+    ]
+
+
+# -- fitting values to their columns --------------------------------------------------------------
+
+
+def _fit(model: type[SQLModel], values: dict[str, Any]) -> dict[str, Any]:
+    """`values` as `model`'s table takes them: every string cleaned (`clean`, also inside JSON)
+    and cut to its column's length (a model may name a tool 500 characters long; PostgreSQL
+    would refuse the row)."""
+    limits = _column_lengths(model)
+    fitted = {}
+    for name, value in values.items():
+        value = clean_all(value)
+        limit = limits.get(name)
+        fitted[name] = value[:limit] if limit and isinstance(value, str) else value
+    return fitted
+
+
+@cache
+def _column_lengths(model: type[SQLModel]) -> dict[str, int]:
+    table = model.__table__  # type: ignore[attr-defined]
+    return {
+        column.name: column.type.length
+        for column in table.columns
+        if getattr(column.type, "length", None)
+    }
+
+
+# -- statements, built once per model and backend: SQLAlchemy then skips rebuilding them ----------
 
 
 @cache
@@ -299,40 +569,98 @@ def _update_statement(model: type[SQLModel]) -> Executable:
     return update(table).where(table.c.id == bindparam("row_id"))
 
 
-def _usage_values(usage: UsageTotals) -> dict[str, Any]:
-    return {
-        "model_calls": usage.model_calls,
-        "prompt_tokens": usage.prompt_tokens,
-        "output_tokens": usage.output_tokens,
-        "model_seconds": usage.seconds,
-    }
+@cache
+def _claim_statement(dialect: str) -> Executable:
+    table = InboundEvent.__table__  # type: ignore[attr-defined]
+    return (
+        _dialect_insert(dialect)(table)
+        .on_conflict_do_nothing(index_elements=["platform", "platform_message_id"])
+        .returning(table.c.id)
+    )
 
 
-def _calls_json(message: AssistantMessage) -> list[dict[str, Any]]:
-    return [
-        {"id": call.call_id, "name": call.name, "arguments": call.arguments}
-        for call in message.tool_calls
-    ]
+@cache
+def _own_claim_statement() -> Executable:
+    table = InboundEvent.__table__  # type: ignore[attr-defined]
+    return select(table.c.id).where(
+        table.c.platform == bindparam("platform"),
+        table.c.platform_message_id == bindparam("platform_message_id"),
+        table.c.claim == bindparam("claim"),
+    )
 
 
-def _engine_for(url: str) -> Engine:
-    if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
-    database = url.split("///", 1)[-1]
-    if database and database != ":memory:":
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-    event.listen(engine, "connect", _sqlite_pragmas)
+@cache
+def _upsert_message_statement(dialect: str) -> Executable:
+    table = Message.__table__  # type: ignore[attr-defined]
+    statement = _dialect_insert(dialect)(table)
+    changing = ("text", "thinking", "tool_calls", "tool_status", "partial", "stopped", "updated_at")
+    return statement.on_conflict_do_update(
+        index_elements=["turn_id", "seq"],
+        set_={name: statement.excluded[name] for name in changing},
+    )
+
+
+def _dialect_insert(dialect: str) -> Any:
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
+
+
+# -- engines --------------------------------------------------------------------------------------
+
+
+def _engine_for(url: str, settings: StoreSettings) -> Engine:
+    shown = _shown(url)
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as exc:
+        raise StoreError(
+            f"the database URL {shown} is not valid ({_first_line(exc)}); fix it in the variable "
+            "[storage].database_url_env names"
+        ) from exc
+    if parsed.get_backend_name() not in BACKENDS:
+        raise StoreError(
+            f"the database URL {shown} is for {parsed.get_backend_name()}; Kaiwa stores in "
+            "SQLite or PostgreSQL (postgresql+psycopg://...)"
+        )
+    try:
+        if parsed.get_backend_name() == "postgresql":
+            return create_engine(
+                url,
+                hide_parameters=True,
+                pool_pre_ping=True,
+                pool_size=settings.connections,
+                max_overflow=1,
+            )
+        database = parsed.database
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            hide_parameters=True,
+            connect_args={"timeout": settings.sqlite_busy_seconds, "check_same_thread": False},
+        )
+    except (SQLAlchemyError, ImportError, OSError, ValueError) as exc:
+        raise StoreError(f"cannot open the database {shown}: {_first_line(exc)}") from exc
+
+    def pragmas(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(settings.sqlite_busy_seconds * 1000)}")
+        cursor.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    event.listen(engine, "connect", pragmas)
     return engine
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()
+def not_awaited(call: Awaitable[Any], what: str) -> None:
+    """For a store call nobody waits on: a failure becomes one log line, not a lost exception."""
+
+    def log_failure(done: "asyncio.Future[Any]") -> None:
+        if not done.cancelled() and done.exception() is not None:
+            logger.warning("%s failed: %s", what, done.exception())
+
+    asyncio.ensure_future(call).add_done_callback(log_failure)
 
 
 def message_wire(row: Message) -> dict[str, Any]:
@@ -350,6 +678,13 @@ def message_wire(row: Message) -> dict[str, Any]:
 
 def history_wire(rows: Sequence[Message]) -> list[dict[str, Any]]:
     return [message_wire(row) for row in rows]
+
+
+def _shown(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return "(unparseable URL)"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -3,12 +3,17 @@
 Times are stored as timezone-aware UTC. Tool calls are JSON so one message row can carry a whole
 batch in the order the model asked. A turn's `error` is for people and logs only: the history sent
 to the model is built from messages, never from turns, so an error text can't leak into context.
+
+A message's `seq` is its place within its turn (the person's message is 0): the key a reply is
+saved under again and again as it streams, so saving is an idempotent upsert that a replayed
+transaction cannot double. An inbound event keeps the person's text, so a message is recorded
+before its platform is told it arrived; its `claim` marks which attempt recorded it.
 """
 
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -31,10 +36,12 @@ class Conversation(SQLModel, table=True):
 
 class Message(SQLModel, table=True):
     __tablename__ = "messages"
+    __table_args__ = (Index("ux_messages_turn_seq", "turn_id", "seq", unique=True),)
 
     id: int | None = Field(default=None, primary_key=True)
     conversation_id: int = Field(foreign_key="conversations.id", index=True)
     turn_id: int | None = Field(default=None, foreign_key="turns.id", index=True)
+    seq: int | None = None
     role: str = Field(max_length=20)
     text: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
     thinking: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
@@ -54,6 +61,7 @@ class Turn(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     conversation_id: int = Field(foreign_key="conversations.id", index=True)
+    inbound_event_id: int | None = Field(default=None, foreign_key="inbound_events.id", index=True)
     provenance: str = Field(max_length=20)
     status: str = Field(max_length=20)
     stop_reason: str | None = Field(default=None, max_length=40)
@@ -69,7 +77,10 @@ class Turn(SQLModel, table=True):
 
 
 class InboundEvent(SQLModel, table=True):
-    """One row per platform message ever received: the persisted half of deduplication."""
+    """One row per platform message ever received: the persisted half of deduplication, and the
+    inbox that keeps a message before anything acts on it. `status` is what became of it:
+    `turn` (a turn answers it; that turn's `inbound_event_id` points here), `command`,
+    `refused`, or `dropped` (it was queued behind a turn that `/stop` ended)."""
 
     __tablename__ = "inbound_events"
     __table_args__ = (UniqueConstraint("platform", "platform_message_id"),)
@@ -79,4 +90,7 @@ class InboundEvent(SQLModel, table=True):
     platform_message_id: str = Field(max_length=200)
     place: str = Field(max_length=300)
     status: str = Field(max_length=20)
+    text: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    author: str | None = Field(default=None, max_length=200)
+    claim: str | None = Field(default=None, max_length=32)
     received_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))

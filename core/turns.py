@@ -4,8 +4,8 @@ A turn is a background task. `submit` returns at once so the channel keeps readi
 makes `/stop` possible); per conversation, turns run one at a time in arrival order, and different
 conversations run side by side.
 
-Invariants (DESIGN.md); each names the bug it prevents and the test in tests/core/test_turns.py
-that guards it:
+Invariants (DESIGN.md); each names the bug it prevents and the test that guards it (in
+tests/core/test_turns.py unless named otherwise):
 
 1. **One gate hold per turn, taken once.** Nothing that holds a conversation's gate calls code
    that takes one; settings are a snapshot read when the turn starts. Prevents a turn deadlocking
@@ -18,11 +18,13 @@ that guards it:
    behind it, which are dropped and counted. Prevents a stop that silently cancels a queued
    message while the running reply goes on.
    `test_invariant_3_stop_targets_running_and_drops_queued`.
-4. **Stopping keeps what was said.** The partial text and every finished tool result are stored
-   before the stop is handled; a call without a result is closed as stopped. Prevents lost
-   partial answers and malformed next requests. `test_invariant_4_stop_keeps_partial_text`.
-5. **Record before you notify.** Each ending (done, stopped, failed) writes the store first, then
-   tells the channel. Prevents a second cancellation during the notice losing the records.
+4. **Stopping keeps what was said.** The partial text and every finished tool result are queued
+   on the store before the stop is handled (a queued write runs whole, whatever is cancelled);
+   a call without a result is closed as stopped. Prevents lost partial answers and malformed
+   next requests. `test_invariant_4_stop_keeps_partial_text`.
+5. **Record before you notify.** Each ending (done, stopped, failed) queues its records and waits
+   until they are stored, through any cancellation, then tells the channel. Prevents a second
+   cancellation during the notice losing the records.
    `test_invariant_5_records_survive_cancelled_notice`.
 6. **An unattended turn never lets an exception escape** into its caller (the scheduler); it
    reports the failure in its conversation and the store. A stop ends a firing, nothing more.
@@ -30,27 +32,35 @@ that guards it:
 7. **Shutdown waits for every live turn**, running or queued, cancels them and lets them store
    their partial state before the store closes. Prevents losing all but the newest turn per
    conversation at exit. `test_invariant_7_shutdown_waits_for_every_turn`.
+8. **The store never leaves a person unanswered.** A turn that cannot be opened, or whose records
+   cannot be written while the database is away longer than a write may wait, tells the person;
+   its row is then marked failed by a durable write that lands once the database is back, so no
+   turn stays `running` while the process lives. Prevents a message silently never answered, and
+   a reply shown but not stored. `test_a_reply_that_cannot_be_saved_ends_failed_and_is_marked_
+   once_the_database_is_back` and `test_a_message_that_cannot_be_recorded_asks_to_be_sent_again`
+   in tests/core/test_outages.py.
 """
 
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
 
 from core.channel import Channel, Outcome, Reply
-from core.errors import KaiwaError
+from core.errors import KaiwaError, StoreError
 from core.loop import AgentLoop, ChatModel, LoopSettings
 from core.lru import PinnedLRU
 from core.pump import FramePump
 from core.recording import TurnRecorder
-from core.store import Store, history_wire
-from core.tables import Conversation
+from core.store import StartedTurn, Store, TurnStart, history_wire, not_awaited
 from core.tools import Tool
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 SHUTDOWN_GRACE_SECONDS = 10.0
 
 
@@ -117,8 +127,9 @@ class _Slot:
     gate: asyncio.Lock = field(default_factory=asyncio.Lock)
     running: "_Turn | None" = None
     waiting: list["_Turn"] = field(default_factory=list)
-    conversation: Conversation | None = None
+    conversation_id: int | None = None
     messages: list[dict[str, object]] | None = None
+    """The model-facing history; None until read from the store (and after it may be stale)."""
 
 
 @dataclass(eq=False)
@@ -202,10 +213,13 @@ class TurnRunner:
         self._slots.pin(place)
         try:
             async with slot.gate:
-                conversation = slot.conversation or self._store.active_conversation(place)
-                if conversation is not None and conversation.id is not None:
-                    self._store.close_conversation(conversation.id)
-                slot.conversation, slot.messages = None, None
+                conversation_id = slot.conversation_id
+                if conversation_id is None:
+                    active = await self._store.active_conversation(place)
+                    conversation_id = active.id if active else None
+                if conversation_id is not None:
+                    await self._store.close_conversation(conversation_id)
+                slot.conversation_id, slot.messages = None, None
         finally:
             self._slots.unpin(place)
         return report
@@ -240,18 +254,21 @@ class TurnRunner:
                 slot.running = None
 
     async def _execute(self, turn: _Turn, settings: TurnSettings) -> TurnResult:
-        request, agent = turn.request, settings.agent
-        conversation, messages = self._conversation(turn.slot, agent)
-        assert conversation.id is not None
-        turn_id = self._store.start_turn(
-            conversation.id, request.provenance.value, request.text, request.author
-        )
+        request, agent, slot = turn.request, settings.agent, turn.slot
+        channel = self._channels[request.platform]
+        try:  # a read; a stop meanwhile still gets its turn recorded, as stopped
+            messages, stopped_early = await _through_cancellation(self._history(slot, agent))
+        except Exception as exc:
+            return await self._not_started(channel, request, exc)
+        # The turn's row is written while the model call begins; the recorder holds any write
+        # (and the pump any frame) until it is stored.
+        starting = asyncio.ensure_future(self._store.start_turn(self._turn_start(slot, request)))
+        starting.add_done_callback(lambda stored: _remember_conversation(slot, stored))
+        recorder = TurnRecorder(self._store, starting)
         said = {"role": "user", "content": request.text}
         messages.append({**said, "images": list(request.images)} if request.images else said)
         said_at = len(messages) - 1
-        channel = self._channels[request.platform]
         reply = channel.open_reply(request.place, request.reply_to)
-        recorder = TurnRecorder(self._store, conversation.id, turn_id)
         pump = FramePump(
             reply,
             recorder.frame,
@@ -272,46 +289,90 @@ class TurnRunner:
                 tool_timeout=settings.tool_timeout,
             ),
         )
-        started = time.monotonic()
+        began = time.monotonic()
+        outcome, note = await self._run_loop(loop, messages, stopped_early, request)
+        turn.finishing = True  # the outcome is decided: a stop from here on changes nothing
+        pump.halt()  # no frame after the answer is complete; the last edit is the notice's
+        messages[said_at] = said  # images go to the model with their own turn only
+        # invariant 5: records first (awaited whole, whatever cancellation lands meanwhile) ...
+        recorder.finish(outcome.value, turn.stop_reason, note)
+        text = recorder.display_text()
+        failure = await _store_failure(recorder)
+        if failure is not None:
+            outcome, note, text = Outcome.FAILED, _unsaved_note(failure), pump.shown_text
+            recorder.mark_unsaved(note)  # invariant 8
+            slot.messages = None  # the store is the truth: the next turn reads it again
+            logger.warning("a turn in %s could not be saved: %s", request.place, failure)
+        self._log_turn(request, outcome, recorder, time.monotonic() - began)
+        # ... then the notice, which a second cancellation may cut short without losing anything.
+        await self._notify(pump, reply, text, outcome, note)
+        return TurnResult(outcome.value, text, note, recorder.turn_id)
+
+    async def _run_loop(
+        self,
+        loop: AgentLoop,
+        messages: list[dict[str, object]],
+        stopped_early: bool,
+        request: TurnRequest,
+    ) -> tuple[Outcome, str | None]:
+        if stopped_early:  # stopped while the turn was being opened
+            return Outcome.STOPPED, None
         try:
             await loop.run(messages)
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            outcome, note = Outcome.STOPPED, None
+            return Outcome.STOPPED, None
         except KaiwaError as exc:
-            outcome, note = Outcome.FAILED, str(exc)
+            return Outcome.FAILED, str(exc)
         except Exception as exc:
             logger.exception("turn in %s failed unexpectedly", request.place)
-            outcome, note = Outcome.FAILED, f"internal error ({type(exc).__name__}); see the log"
-        else:
-            outcome, note = Outcome.DONE, None
-        messages[said_at] = said  # images go to the model with their own turn only
-        # invariant 5: records first (synchronous, so no cancellation can tear them) ...
-        self._store.finish_turn(turn_id, outcome.value, stop_reason=turn.stop_reason, error=note)
-        self._log_turn(request, outcome, recorder, time.monotonic() - started)
-        turn.finishing = True
-        # ... then the notice, which a second cancellation may cut short without losing anything.
-        text = recorder.display_text()
-        await self._notify(pump, reply, text, outcome, note)
-        return TurnResult(outcome.value, text, note, turn_id)
+            return Outcome.FAILED, f"internal error ({type(exc).__name__}); see the log"
+        return Outcome.DONE, None
 
-    def _conversation(
-        self, slot: _Slot, agent: AgentProfile
-    ) -> tuple[Conversation, list[dict[str, object]]]:
-        """The conversation in this place and its model-facing history, cached in the slot."""
-        if slot.conversation is None or slot.messages is None:
-            conversation = self._store.active_conversation(slot.place)
-            if conversation is None:
-                conversation = self._store.open_conversation(
-                    slot.place, agent.name, agent.system_prompt
-                )
-                history = []
-            else:
-                assert conversation.id is not None
-                history = history_wire(self._store.history(conversation.id))
-            slot.conversation = conversation
-            slot.messages = [{"role": "system", "content": conversation.system_prompt}, *history]
-        return slot.conversation, slot.messages
+    async def _history(self, slot: _Slot, agent: AgentProfile) -> list[dict[str, object]]:
+        """The conversation's model-facing history, kept in the slot between turns; read from
+        the store the first time (a conversation that does not exist yet starts with the
+        agent's system prompt, with which it will be opened)."""
+        if slot.messages is None:
+            conversation, rows = await self._store.conversation_of(slot.place)
+            prompt = conversation.system_prompt if conversation else agent.system_prompt
+            slot.conversation_id = conversation.id if conversation else None
+            slot.messages = [{"role": "system", "content": prompt}, *history_wire(rows)]
+        return slot.messages
+
+    def _turn_start(self, slot: _Slot, request: TurnRequest) -> TurnStart:
+        agent = self.settings.agent
+        return TurnStart(
+            place=request.place,
+            agent=agent.name,
+            system_prompt=str(slot.messages[0]["content"]) if slot.messages else "",
+            provenance=request.provenance.value,
+            text=request.text,
+            author=request.author,
+            inbound_event_id=request.inbound_event_id,
+            conversation_id=slot.conversation_id,
+        )
+
+    async def _not_started(
+        self, channel: Channel, request: TurnRequest, error: Exception
+    ) -> TurnResult:
+        """The conversation could not be read from the store: tell the person, never leave
+        them waiting."""
+        if isinstance(error, StoreError):
+            logger.warning("a turn in %s could not start: %s", request.place, error)
+        else:
+            logger.error("a turn in %s could not start", request.place, exc_info=error)
+        note = (
+            f"I could not start on your message: {error.plainly}. Please send it again in a minute."
+            if isinstance(error, StoreError)
+            else "I could not start on your message (an internal error; see the log). "
+            "Please send it again."
+        )
+        try:
+            await channel.notify(request.place, note)
+        except Exception:
+            logger.exception("telling %s that its turn could not start failed", request.place)
+        return TurnResult("failed", error=note)
 
     async def _notify(
         self, pump: FramePump, reply: Reply, text: str, outcome: Outcome, note: str | None
@@ -349,7 +410,8 @@ class TurnRunner:
         slot.waiting.clear()
         for turn in dropped:
             if turn.request.inbound_event_id is not None:
-                self._store.mark_inbound(turn.request.inbound_event_id, "dropped")
+                marking = self._store.mark_inbound(turn.request.inbound_event_id, "dropped")
+                not_awaited(marking, "marking a dropped message")
             turn.stop("dropped")
         return len(dropped)
 
@@ -364,6 +426,46 @@ class TurnRunner:
             logger.error(
                 "turn task in %s crashed", turn.request.place, exc_info=turn.task.exception()
             )
+
+
+async def _through_cancellation(awaitable: Awaitable[T]) -> tuple[T, bool]:
+    """Await `awaitable` to its end even if this task is cancelled meanwhile, and say whether it
+    was. A queued store call runs whole either way; this keeps the turn's bookkeeping in step."""
+    future = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(future), cancelled
+        except asyncio.CancelledError:
+            if future.cancelled():
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            cancelled = True
+
+
+async def _store_failure(recorder: TurnRecorder) -> StoreError | None:
+    """Wait until the turn's records are stored; the error if they could not be."""
+    try:
+        await _through_cancellation(recorder.flushed())
+    except StoreError as exc:
+        return exc
+    return None
+
+
+def _unsaved_note(error: StoreError) -> str:
+    return (
+        f"I could not save this reply: {error.plainly}, so it ends here and is marked failed. "
+        "Please ask again in a minute."
+    )
+
+
+def _remember_conversation(slot: _Slot, stored: "asyncio.Future[StartedTurn]") -> None:
+    """A turn's row is stored: the slot now knows its conversation (a new one, perhaps); if it
+    could not be stored, the slot reads the store again next time."""
+    if not stored.cancelled() and stored.exception() is None:
+        slot.conversation_id = stored.result().conversation_id
+    else:
+        slot.messages = None
 
 
 def _result_of(task: "asyncio.Task[TurnResult]") -> TurnResult:

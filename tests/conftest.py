@@ -1,13 +1,13 @@
 """Fixtures shared by every test folder: no proxies, a fake Ollama, a store, a model client."""
 
-import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from core.model import ModelClient, ModelSettings
 from core.store import Store
+from tests.databases import closing, database_url, outage  # noqa: F401  (fixtures everywhere)
 from tests.fakes.ollama import FakeOllama
 from tests.harness import bot, make_bot  # noqa: F401  (fixtures for every test folder)
 
@@ -54,11 +54,7 @@ def sqlite_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def store(sqlite_url: str) -> Iterator[Store]:
-    opened = Store(sqlite_url)
+async def store(sqlite_url: str) -> AsyncIterator[Store]:
+    opened = await Store.open(sqlite_url)
     yield opened
-    opened.close()
-
-
-def postgres_url() -> str | None:
-    return os.environ.get("KAIWA_TEST_POSTGRES_URL")
+    await opened.close()

@@ -56,22 +56,22 @@ class Bot:
                 author_id=author,
                 text=text,
                 images=images,
-            )
+            ),
         )
 
-    def history(self, place: str = PLACE) -> list[Message]:
-        conversation = self.store.active_conversation(place)
+    async def history(self, place: str = PLACE) -> list[Message]:
+        conversation = await self.store.active_conversation(place)
         assert conversation is not None and conversation.id is not None
-        return self.store.history(conversation.id)
+        return await self.store.history(conversation.id)
 
-    def turns(self, place: str = PLACE) -> list[Turn]:
-        conversation = self.store.active_conversation(place)
+    async def turns(self, place: str = PLACE) -> list[Turn]:
+        conversation = await self.store.active_conversation(place)
         assert conversation is not None and conversation.id is not None
-        return self.store.turns(conversation.id)
+        return await self.store.turns(conversation.id)
 
-    def assistant_text(self, place: str = PLACE) -> str:
+    async def assistant_text(self, place: str = PLACE) -> str:
         """The stored answer of the newest turn, joined the way it is displayed."""
-        rows = self.history(place)
+        rows = await self.history(place)
         newest = max(row.turn_id or 0 for row in rows)
         said = [r.text for r in rows if r.turn_id == newest and r.role == "assistant" and r.text]
         return "\n\n".join(said)

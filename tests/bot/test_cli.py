@@ -171,16 +171,16 @@ async def test_a_chat_then_end_of_input(ollama: FakeOllama, tmp_path: Path) -> N
     assert code == 0, err
     log = (tmp_path / "state" / "kaiwa.log").read_text()
     assert "conversation=terminal:local provenance=person outcome=done model_calls=1" in log
-    store = Store(f"sqlite:///{tmp_path / 'state' / 'kaiwa.db'}")
+    store = await Store.open(f"sqlite:///{tmp_path / 'state' / 'kaiwa.db'}")
     try:
-        conversation = store.active_conversation("terminal:local")
+        conversation = await store.active_conversation("terminal:local")
         assert conversation is not None and conversation.id is not None
-        assert [m.text for m in store.history(conversation.id)] == [
+        assert [m.text for m in await store.history(conversation.id)] == [
             "hi there",
             "Hello from the process.",
         ]
     finally:
-        store.close()
+        await store.close()
 
 
 async def test_ctrl_c_stops_the_live_turn_and_keeps_its_text(
@@ -199,16 +199,16 @@ async def test_ctrl_c_stops_the_live_turn_and_keeps_its_text(
 
     assert code == 0, err
     assert "(stopped)" in out
-    store = Store(f"sqlite:///{tmp_path / 'state' / 'kaiwa.db'}")
+    store = await Store.open(f"sqlite:///{tmp_path / 'state' / 'kaiwa.db'}")
     try:
-        conversation = store.active_conversation("terminal:local")
+        conversation = await store.active_conversation("terminal:local")
         assert conversation is not None and conversation.id is not None
-        last = store.history(conversation.id)[-1]
+        last = (await store.history(conversation.id))[-1]
         assert (last.text, last.stopped) == ("Half an answer", True)
-        (turn,) = store.turns(conversation.id)
+        (turn,) = await store.turns(conversation.id)
         assert (turn.status, turn.stop_reason) == ("stopped", "shutdown")
     finally:
-        store.close()
+        await store.close()
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])

@@ -71,6 +71,16 @@ def test_a_thread_archive_duration_discord_does_not_offer(tmp_path: Path) -> Non
         load_config(path)
 
 
+def test_sqlite_durability_is_one_of_two_words(tmp_path: Path) -> None:
+    path = write(tmp_path, "[storage]\nsqlite_synchronous = 'OFF'\n")
+    with pytest.raises(
+        ConfigError, match=r"'storage.sqlite_synchronous' must be one of NORMAL, FULL"
+    ):
+        load_config(path)
+    full = load_config(write(tmp_path, "[storage]\nsqlite_synchronous = 'full'\n"))
+    assert full.storage.store_settings().sqlite_synchronous == "FULL"
+
+
 def test_invalid_toml_says_so(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(write(tmp_path, "[ollama\n"))

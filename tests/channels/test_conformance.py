@@ -28,7 +28,7 @@ async def test_each_chat_is_its_own_conversation(platform: Platform) -> None:
     platform.say(BOB, "Who am I?")
     await platform.wait_until(lambda: platform.shown(BOB) == ["Hello Bob."], "Bob's reply")
 
-    assert platform.bot.store.active_conversation(platform.place(ANN)) is not None
+    assert await platform.bot.store.active_conversation(platform.place(ANN)) is not None
     bob_saw = [m["content"] for m in ollama.requests[1]["messages"]]
     assert "I am Ann" not in bob_saw
 
@@ -95,7 +95,9 @@ async def test_stop_keeps_the_partial_text_on_the_platform_and_in_the_store(
 
     reply = platform.shown(ANN)[0]
     assert reply == "The beginning of a long story (stopped)"
-    assert platform.bot.assistant_text(platform.place(ANN)) == reply.removesuffix(" (stopped)")
+    assert await platform.bot.assistant_text(platform.place(ANN)) == reply.removesuffix(
+        " (stopped)"
+    )
 
 
 async def test_a_duplicate_delivery_is_answered_once(platform: Platform) -> None:
@@ -134,4 +136,4 @@ async def test_commands_work_while_a_reply_streams(platform: Platform) -> None:
     await platform.wait_until(
         lambda: platform.shown(ANN)[0] == "Thinking out loud, done.", "the finished reply"
     )
-    assert platform.bot.turns(platform.place(ANN))[-1].status == Outcome.DONE.value
+    assert (await platform.bot.turns(platform.place(ANN)))[-1].status == Outcome.DONE.value

@@ -64,7 +64,7 @@ async def test_a_mention_opens_a_thread_and_the_reply_streams_there(
     assert said(fake, CHANNEL_ID) == [], "nothing at the channel's top level"
     (reply,) = fake.messages(thread)
     assert reply.content == "Hello, Ann."
-    history = [m.text for m in discord.bot.history(place(thread))]
+    history = [m.text for m in await discord.bot.history(place(thread))]
     assert history == ["what is a thread?\nTell me more.", "Hello, Ann."]
     typing = fake.calls_to("POST", f"/channels/{thread}/typing")
     first_post = fake.calls_to("POST", f"/channels/{thread}/messages")[0]
@@ -144,8 +144,8 @@ async def test_each_way_of_stopping_keeps_the_partial_text(make_bot: BotFactory,
     reply = fake.messages(thread)[0]
     assert reply.content == "Half a story (stopped)"
     assert reply.components == [], "no Stop button on a finished reply"
-    assert discord.bot.assistant_text(place(thread)) == "Half a story"
-    assert discord.bot.turns(place(thread))[-1].status == "stopped"
+    assert await discord.bot.assistant_text(place(thread)) == "Half a story"
+    assert (await discord.bot.turns(place(thread)))[-1].status == "stopped"
 
 
 async def test_shutting_down_mid_reply_leaves_it_stopped_on_discord(make_bot: BotFactory) -> None:
@@ -157,7 +157,7 @@ async def test_shutting_down_mid_reply_leaves_it_stopped_on_discord(make_bot: Bo
     (reply,) = fake.messages(thread)
     assert reply.content == "Working on it (stopped)"
     assert reply.components == []
-    assert discord.bot.assistant_text(place(thread)) == "Working on it"
+    assert await discord.bot.assistant_text(place(thread)) == "Working on it"
 
 
 async def test_a_command_at_shutdown_still_gets_its_answer(make_bot: BotFactory) -> None:
@@ -345,7 +345,7 @@ async def test_a_thread_someone_else_opened_is_followed_once_the_bot_is_mentione
             fake.user_message(thread, "the bot should not answer this")
             fake.user_message(thread, "what do you think?", mentions_bot=True)
             await fake.wait_until(lambda: said(fake, thread) == ["Joined."], what="the reply")
-        assert [m.text for m in discord.bot.history(place(thread))] == [
+        assert [m.text for m in await discord.bot.history(place(thread))] == [
             "what do you think?",
             "Joined.",
         ]

@@ -34,7 +34,7 @@ async def test_a_mention_opens_a_thread_and_the_reply_streams_there(
     assert fake.posted(ROOM) == [], "nothing at the channel's top level"
     (reply,) = fake.posted(ROOM, opened)
     assert reply.updates == ["Hello, Ann."], "one message, edited in place"
-    assert [m.text for m in slack.bot.history(place(opened))] == ["hi there", "Hello, Ann."]
+    assert [m.text for m in await slack.bot.history(place(opened))] == ["hi there", "Hello, Ann."]
     assert len(slack.bot.ollama.requests) == 1, "app_mention and message were answered once"
 
 
@@ -46,7 +46,7 @@ async def test_a_mention_keeps_the_line_breaks_of_the_message(make_bot: BotFacto
         slack.bot.ollama.script(Text("Looks fine."))
         opened = fake.mention(ROOM, "check this:\n```\nx = 1\n```", user=ANN_ID)
         await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the reply")
-    assert slack.bot.history(place(opened))[0].text == "check this:\n```\nx = 1\n```"
+    assert (await slack.bot.history(place(opened)))[0].text == "check this:\n```\nx = 1\n```"
 
 
 async def test_a_follow_up_in_the_thread_needs_no_mention(make_bot: BotFactory) -> None:
@@ -72,8 +72,8 @@ async def test_two_threads_in_one_channel_are_two_conversations(make_bot: BotFac
         second = fake.mention(ROOM, "two", user=BOB_ID)
         await fake.wait_until(lambda: fake.posted(ROOM, second), what="the second reply")
     assert [m["content"] for m in ollama.requests[1]["messages"]][1:] == ["two"]
-    assert slack.bot.store.active_conversation(place(first)) is not None
-    assert slack.bot.store.active_conversation(place(second)) is not None
+    assert await slack.bot.store.active_conversation(place(first)) is not None
+    assert await slack.bot.store.active_conversation(place(second)) is not None
 
 
 async def test_bang_stop_in_the_thread_keeps_the_partial_text(make_bot: BotFactory) -> None:
@@ -87,7 +87,7 @@ async def test_bang_stop_in_the_thread_keeps_the_partial_text(make_bot: BotFacto
     reply, notice = (p.text for p in fake.posted(ROOM, opened))
     assert reply == "A long answer begins (stopped)"
     assert notice == "Stopped."
-    assert slack.bot.assistant_text(place(opened)) == "A long answer begins"
+    assert await slack.bot.assistant_text(place(opened)) == "A long answer begins"
 
 
 async def test_a_mention_followed_by_the_word_is_the_command(make_bot: BotFactory) -> None:
@@ -217,7 +217,10 @@ async def test_markdown_is_sent_as_mrkdwn(make_bot: BotFactory) -> None:
         opened = fake.mention(ROOM, "format", user=ANN_ID)
         await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the reply")
     assert fake.posted(ROOM, opened)[0].text == "*Bold* and <https://example.com|a link>."
-    assert slack.bot.assistant_text(place(opened)) == "**Bold** and [a link](https://example.com)."
+    assert (
+        await slack.bot.assistant_text(place(opened))
+        == "**Bold** and [a link](https://example.com)."
+    )
 
 
 async def test_a_channel_not_on_the_list_is_refused(make_bot: BotFactory) -> None:

@@ -62,7 +62,7 @@ async def test_a_9000_character_reply_with_code_across_the_limit_is_three_intact
     assert all(m.parse_mode == "HTML" for m in (first, second, third))
     shown = "".join(m.visible for m in (first, second, third))
     assert shown.count("total = total +") == 100
-    assert telegram.bot.assistant_text(telegram.place(ANN)) == answer
+    assert await telegram.bot.assistant_text(telegram.place(ANN)) == answer
 
 
 async def test_two_chats_stream_at_the_same_time(make_bot: BotFactory) -> None:
@@ -109,7 +109,7 @@ async def test_a_429_storm_delays_but_loses_nothing(make_bot: BotFactory) -> Non
     assert len(refused) == 2
     for index in refused:
         assert edits[index + 1].at - edits[index].at >= 0.99, "the next try waited as asked"
-    assert telegram.bot.assistant_text(telegram.place(ANN)) == "Storm over, every word kept."
+    assert await telegram.bot.assistant_text(telegram.place(ANN)) == "Storm over, every word kept."
 
 
 async def test_formatting_telegram_rejects_is_sent_as_plain_text(make_bot: BotFactory) -> None:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from channels.terminal import TerminalChannel, TerminalSettings, stdin_lines
+from core.tools import tool
 from tests.fakes.ollama import FakeOllama, Pause, Text, Thinking, ToolCall
 from tests.harness import BotFactory
 
@@ -68,7 +69,7 @@ async def test_a_reply_streams_and_ctrl_d_ends_the_channel(
     keyboard.close()
     async with asyncio.timeout(WAIT_SECONDS):
         await reading
-    assert bot.history("terminal:local")[-1].text == "Hello from Kaiwa."
+    assert (await bot.history("terminal:local"))[-1].text == "Hello from Kaiwa."
 
 
 async def test_stop_typed_while_a_reply_streams(make_bot: BotFactory, ollama: FakeOllama) -> None:
@@ -84,7 +85,7 @@ async def test_stop_typed_while_a_reply_streams(make_bot: BotFactory, ollama: Fa
     await screen.shows("Stopped.")
 
     assert "kaiwa> Once upon a time (stopped)\nStopped.\n" in screen.getvalue()
-    assert bot.history("terminal:local")[-1].text == "Once upon a time"
+    assert (await bot.history("terminal:local"))[-1].text == "Once upon a time"
     keyboard.close()
     await reading
 
@@ -94,19 +95,29 @@ async def test_thinking_and_tools_are_shown_when_enabled(
 ) -> None:
     screen, keyboard = Screen(), Keyboard()
     channel = terminal(screen, keyboard)
-    bot = make_bot(channel=channel)
-    ollama.script(Thinking("Which zone?"), ToolCall("current_time", {}))
+    looked_at = asyncio.Event()
+
+    @tool()
+    async def clock() -> str:
+        """Read the clock (until the test has seen the tool line)."""
+        await looked_at.wait()
+        return "noon"
+
+    bot = make_bot(channel=channel, tools=[clock])
+    ollama.script(Thinking("Which zone?"), ToolCall("clock", {}))
     ollama.script(Text("It is noon."))
 
     reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
     keyboard.type("time?")
+    await screen.shows("using clock…")
+    looked_at.set()
     await screen.shows("It is noon.\n")
     keyboard.close()
     await reading
 
     shown = screen.getvalue()
-    assert shown.index("Which zone?") < shown.index("using current_time…")
-    assert shown.index("using current_time…") < shown.index("It is noon.")
+    assert shown.index("Which zone?") < shown.index("using clock…")
+    assert shown.index("using clock…") < shown.index("It is noon.")
 
 
 async def test_thinking_and_tools_can_be_hidden(make_bot: BotFactory, ollama: FakeOllama) -> None:
@@ -148,3 +159,13 @@ async def test_stdin_lines_reads_a_file_to_its_end(tmp_path: Path) -> None:
     with source.open() as stream:
         lines = [line async for line in stdin_lines(stream)]
     assert lines == ["first\n", "second\n"]
+
+
+async def test_stdin_lines_replaces_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    """Regression: a Latin-1 byte typed into a UTF-8 terminal reached the store as a lone
+    surrogate, which the database refused, and the turn died without a word."""
+    source = tmp_path / "input.txt"
+    source.write_bytes(b"caf\xe9\nfine\n")
+    with source.open(encoding="utf-8") as stream:
+        lines = [line async for line in stdin_lines(stream)]
+    assert lines == ["caf\ufffd\n", "fine\n"]

@@ -37,13 +37,13 @@ async def test_a_redelivery_after_a_restart_is_still_a_duplicate(
     await first.channel.finished()
     await first.runner.shutdown()
 
-    reopened = Store(sqlite_url)
+    reopened = await Store.open(sqlite_url)
     try:
         second = make_bot(bot_store=reopened)
         await second.send("hello", message_id="delivered-before")
         await second.runner.shutdown()
     finally:
-        reopened.close()
+        await reopened.close()
     assert second.channel.replies == []
     assert len(first.ollama.requests) == 1
 
@@ -115,7 +115,7 @@ async def test_an_oversized_message_is_refused_with_its_size(make_bot: BotFactor
         "Shorten or split it."
     ]
     assert bot.ollama.requests == []
-    assert bot.store.inbound_status("test", "big") == "refused"
+    assert await bot.store.inbound_status("test", "big") == "refused"
 
 
 async def test_a_stranger_is_refused_without_a_model_call(
@@ -187,7 +187,7 @@ async def test_new_starts_a_fresh_conversation(bot: Bot) -> None:
     assert bot.channel.notices_in(PLACE) == ["Started a new conversation."]
     sent = bot.ollama.requests[1]["messages"]
     assert [m["content"] for m in sent] == [SYSTEM_PROMPT, "what did I say?"]
-    assert [row.text for row in bot.history()] == ["what did I say?", "fresh"]
+    assert [row.text for row in await bot.history()] == ["what did I say?", "fresh"]
 
 
 async def test_new_while_a_reply_streams_stops_it_first(bot: Bot) -> None:
@@ -200,7 +200,7 @@ async def test_new_while_a_reply_streams_stops_it_first(bot: Bot) -> None:
     (reply,) = await bot.channel.finished()
     assert reply.outcome is Outcome.STOPPED
     assert bot.channel.notices_in(PLACE) == ["Started a new conversation. (Stopped.)"]
-    assert bot.store.active_conversation(PLACE) is None
+    assert await bot.store.active_conversation(PLACE) is None
 
 
 def test_parse_command() -> None:
@@ -218,7 +218,7 @@ async def test_a_message_during_shutdown_is_left_for_redelivery(bot: Bot) -> Non
 
     await bot.send("too late", message_id="late")
 
-    assert bot.store.inbound_status("test", "late") is None, "a redelivery will be answered"
+    assert await bot.store.inbound_status("test", "late") is None, "a redelivery will be answered"
     assert bot.channel.replies == []
 
 

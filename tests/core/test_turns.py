@@ -21,17 +21,20 @@ OTHER = "test:two"
 
 
 async def test_plain_reply_is_streamed_and_stored(bot: Bot) -> None:
-    bot.ollama.script(Text("Hello, Ann.", chunks=3), Done(30, 6))
+    bot.ollama.script(Text("Hello,", chunks=2), Pause("mid"), Text(" Ann."), Done(30, 6))
 
     await bot.send("hi")
+    await bot.channel.wait_until(
+        lambda: bot.channel.replies and bot.channel.replies[0].shown == "Hello,"
+    )
+    bot.ollama.release("mid")
     (reply,) = await bot.channel.finished()
 
     assert reply.outcome is Outcome.DONE
     assert reply.text == "Hello, Ann."
-    assert reply.frames, "the reply streamed before it finished"
-    roles = [(row.role, row.text) for row in bot.history()]
+    roles = [(row.role, row.text) for row in await bot.history()]
     assert roles == [("user", "hi"), ("assistant", "Hello, Ann.")]
-    (turn,) = bot.turns()
+    (turn,) = await bot.turns()
     assert (turn.status, turn.model_calls, turn.prompt_tokens, turn.output_tokens) == (
         "done",
         1,
@@ -48,8 +51,8 @@ async def test_tool_round_is_stored_in_order(bot: Bot) -> None:
     (reply,) = await bot.channel.finished()
 
     assert reply.text == "Let me check.\n\nIt said hi."
-    assert bot.assistant_text() == reply.text
-    rows = bot.history()
+    assert await bot.assistant_text() == reply.text
+    rows = await bot.history()
     assert [row.role for row in rows] == ["user", "assistant", "tool", "assistant"]
     assert rows[1].tool_calls == [{"id": "c1", "name": "echo", "arguments": {"word": "hi"}}]
     assert (rows[2].text, rows[2].tool_status) == ("echo hi", "ok")
@@ -62,12 +65,12 @@ async def test_partial_text_is_stored_while_it_streams(bot: Bot) -> None:
     await bot.ollama.reached("mid")
     await bot.channel.wait_until(lambda: bot.channel.replies[0].shown == "First half")
 
-    rows = bot.history()
+    rows = await bot.history()
     assert (rows[-1].role, rows[-1].text, rows[-1].partial) == ("assistant", "First half", True)
     bot.ollama.release("mid")
     (reply,) = await bot.channel.finished()
-    assert bot.history()[-1].text == reply.text == "First half, second half"
-    assert not bot.history()[-1].partial
+    assert (await bot.history())[-1].text == reply.text == "First half, second half"
+    assert not (await bot.history())[-1].partial
 
 
 # -- invariant 1 -------------------------------------------------------------------------------
@@ -157,8 +160,8 @@ async def test_invariant_3_stop_targets_running_and_drops_queued(bot: Bot) -> No
     assert reply.outcome is Outcome.STOPPED
     assert bot.channel.notices_in(PLACE) == ["Stopped. Dropped 1 queued message."]
     assert len(bot.ollama.requests) == 1, "the dropped message never reached the model"
-    assert bot.store.inbound_status("test", "queued") == "dropped"
-    assert all(row.text != "follow-up" for row in bot.history())
+    assert await bot.store.inbound_status("test", "queued") == "dropped"
+    assert all(row.text != "follow-up" for row in await bot.history())
 
 
 async def test_stop_with_nothing_running(bot: Bot) -> None:
@@ -199,9 +202,9 @@ async def test_invariant_4_stop_keeps_partial_text(bot: Bot) -> None:
     (reply,) = await bot.channel.finished()
     assert reply.outcome is Outcome.STOPPED
     assert reply.text == "The first part"
-    last = bot.history()[-1]
+    last = (await bot.history())[-1]
     assert (last.text, last.stopped, last.partial) == ("The first part", True, True)
-    (turn,) = bot.turns()
+    (turn,) = await bot.turns()
     assert (turn.status, turn.stop_reason) == ("stopped", "user")
 
 
@@ -226,7 +229,7 @@ async def test_stop_during_a_tool_closes_the_call_and_next_request_is_well_forme
     await bot.send("/stop")
     await bot.channel.finished()
 
-    rows = bot.history()
+    rows = await bot.history()
     assert [(r.role, r.tool_status) for r in rows[-3:]] == [
         ("assistant", None),
         ("tool", ToolStatus.OK.value),
@@ -253,9 +256,9 @@ async def test_invariant_5_records_survive_cancelled_notice(make_bot: BotFactory
     result = await task
 
     assert result.status == "done"
-    (turn,) = bot.turns()
+    (turn,) = await bot.turns()
     assert turn.status == "done"
-    assert bot.history()[-1].text == "All done."
+    assert (await bot.history())[-1].text == "All done."
 
 
 async def test_a_stop_during_the_last_edit_lets_the_reply_finish(make_bot: BotFactory) -> None:
@@ -305,7 +308,7 @@ async def test_invariant_6_unattended_failure_is_contained(bot: Bot) -> None:
     (reply,) = bot.channel.replies
     assert reply.outcome is Outcome.FAILED
     assert "HTTP 500: model runner crashed" in (reply.note or "")
-    (turn,) = bot.turns()
+    (turn,) = await bot.turns()
     assert (turn.status, turn.provenance) == ("failed", "schedule")
     assert "model runner crashed" in (turn.error or "")
 
@@ -343,9 +346,9 @@ async def test_invariant_7_shutdown_waits_for_every_turn(bot: Bot) -> None:
 
     assert all(r.outcome is Outcome.STOPPED for r in bot.channel.replies)
     for place, text in ((PLACE, "Partial one"), (OTHER, "Partial two")):
-        assert bot.history(place)[-1].text == text
-        assert bot.turns(place)[-1].stop_reason == "shutdown"
-    assert bot.store.inbound_status("test", "c") == "dropped"
+        assert (await bot.history(place))[-1].text == text
+        assert (await bot.turns(place))[-1].stop_reason == "shutdown"
+    assert await bot.store.inbound_status("test", "c") == "dropped"
 
 
 # -- failures ----------------------------------------------------------------------------------
@@ -373,9 +376,9 @@ async def test_failures_end_the_turn_with_a_reason(
     assert reply.note
     if message:
         assert message in reply.note
-    (turn,) = bot.turns()
+    (turn,) = await bot.turns()
     assert (turn.status, turn.error) == ("failed", reply.note)
-    assert reply.text == bot.assistant_text() if reply.text else True
+    assert reply.text == await bot.assistant_text() if reply.text else True
 
 
 async def test_missing_model_tells_what_to_pull(bot: Bot) -> None:
@@ -385,7 +388,7 @@ async def test_missing_model_tells_what_to_pull(bot: Bot) -> None:
     (reply,) = await bot.channel.finished()
 
     assert reply.note == "model test-model not found: run `ollama pull test-model`"
-    assert [row.role for row in bot.history()] == ["user"], "the message is kept"
+    assert [row.role for row in await bot.history()] == ["user"], "the message is kept"
 
 
 async def test_error_text_never_enters_the_model_context(bot: Bot) -> None:
@@ -412,9 +415,9 @@ async def test_history_and_system_prompt_survive_a_restart(
     await first.send("I am Ann")
     await first.channel.finished()
     await first.runner.shutdown()
-    store.close()
+    await store.close()
 
-    reopened = Store(sqlite_url)
+    reopened = await Store.open(sqlite_url)
     try:
         second = make_bot(bot_store=reopened)
         second.ollama.script(Text("You are Ann."))
@@ -422,7 +425,7 @@ async def test_history_and_system_prompt_survive_a_restart(
         await second.channel.finished()
     finally:
         await second.runner.shutdown()
-        reopened.close()
+        await reopened.close()
 
     sent = second.ollama.requests[-1]["messages"]
     assert [(m["role"], m["content"]) for m in sent] == [
