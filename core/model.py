@@ -79,7 +79,10 @@ class ModelClient:
             timeout=httpx.Timeout(
                 connect=settings.connect_timeout, read=None, write=None, pool=None
             ),
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+            limits=httpx.Limits(
+                max_connections=connections,
+                max_keepalive_connections=min(connections, MAX_IDLE_CONNECTIONS),
+            ),
         )
 
     async def close(self) -> None:
