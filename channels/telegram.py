@@ -1,9 +1,14 @@
 """Telegram: private chats (and, when enabled, group messages addressed to the bot).
 
-Built on python-telegram-bot's `Application`, run inside our own event loop (`async with app`,
-`start`, `updater.start_polling`; never `run_polling`, which wants to own the loop). Updates are
-handled concurrently, so one chat's long reply never delays another chat and `/stop` is read
-while a reply streams; the dispatcher only queues turns, so handling an update is quick.
+Built on python-telegram-bot's `Bot`, inside our own event loop, with our own long-polling loop
+instead of the library's `Updater`: Telegram forgets an update only once a later `getUpdates`
+confirms it (its `offset`), and the updater confirms everything it fetched whatever became of it.
+Here an update is confirmed only once the dispatcher has recorded its message, so a message that
+arrives while the database is away is fetched again later instead of being lost. An update that
+cannot be parsed or handled is logged and confirmed, so it never blocks the ones behind it.
+A batch's chats are handed over side by side, each chat's messages in order; handing a message
+over only records it and queues its turn, so one chat's long reply never delays another and
+`/stop` is read while a reply streams.
 
 A conversation is a chat: `telegram:<chat_id>`; `/new` starts a fresh one in the same chat. The
 platform id used for deduplication is `<chat_id>:<message_id>` (message ids are per chat), so an
@@ -18,22 +23,25 @@ so nothing is lost to a formatting quirk. Telegram's errors are mapped here and 
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
+from urllib.parse import urlencode
 
-from telegram import BotCommand, Message, MessageEntity, ReplyParameters, Update
+from telegram import Bot, BotCommand, Message, MessageEntity, ReplyParameters, Update
 from telegram.constants import ChatAction, ChatType, ParseMode
 from telegram.error import BadRequest, InvalidToken, RetryAfter, TelegramError
-from telegram.ext import Application, ContextTypes, MessageHandler, filters
+from telegram.request import HTTPXRequest
 
 from channels.formatting import telegram_html, utf16_len
 from channels.rendering import RateLimited, RenderSettings, StreamingReply, send_notice
 from channels.settings import TelegramSettings
 from core.channel import ChannelMessage, ChannelTraits, Deliver, Reply
 from core.commands import COMMANDS
-from core.errors import ChannelError
+from core.errors import ChannelError, StoreError
 
 # python-telegram-bot 22 reports time periods (RetryAfter.retry_after, ...) as ints with a
 # deprecation warning, even from inside its own RetryAfter constructor, unless this opts into the
@@ -44,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 PLATFORM = "telegram"
 MESSAGE_LIMIT = 4096
+CONNECTION_POOL_SIZE = 256  # python-telegram-bot's Application default, for many chats at once
+POLL_PAUSE_SECONDS, MAX_POLL_PAUSE_SECONDS = 1.0, 30.0
 
 
 class TelegramTransport:
@@ -53,8 +63,8 @@ class TelegramTransport:
     controls = False  # no Stop control: `live` changes nothing
     measure = staticmethod(utf16_len)
 
-    def __init__(self, app: Application, chat_id: int, reply_to: int | None) -> None:
-        self._bot = app.bot
+    def __init__(self, bot: Bot, chat_id: int, reply_to: int | None) -> None:
+        self._bot = bot
         self._chat_id = chat_id
         self._reply_to = reply_to
 
@@ -109,25 +119,24 @@ class TelegramChannel:
             settings.show_thinking, settings.show_tools, min_interval=settings.edit_interval
         )
         self.traits = ChannelTraits(frame_interval=settings.edit_interval)
-        self._app = (
-            Application.builder()
-            .token(token)
-            .base_url(settings.base_url)
-            .base_file_url(settings.base_file_url)
-            .concurrent_updates(True)
-            .get_updates_read_timeout(settings.poll_timeout + 10)
-            .build()
+        self._updates_request = HTTPXRequest(read_timeout=settings.poll_timeout + 10)
+        self._bot = Bot(
+            token,
+            base_url=settings.base_url,
+            base_file_url=settings.base_file_url,
+            request=HTTPXRequest(connection_pool_size=CONNECTION_POOL_SIZE),
+            get_updates_request=self._updates_request,
         )
         self._deliver: Deliver | None = None
         self._stopping = asyncio.Event()
-        self._app.add_handler(MessageHandler(filters.ALL, self._on_message))
-        self._app.add_error_handler(self._on_error)
+        self._offset: int | None = None
+        """The first update not yet confirmed to Telegram (None: none seen yet)."""
 
     async def problems(self) -> list[str]:
         """What `kaiwa check` reports for Telegram: a token Telegram does not accept."""
         try:
             async with asyncio.timeout(30):
-                await self._app.bot.initialize()  # asks getMe; `run` will not ask again
+                await self._bot.initialize()  # asks getMe; `run` will not ask again
         except InvalidToken:
             return [_token_problem(self._settings)]
         except (TelegramError, TimeoutError) as exc:
@@ -137,59 +146,130 @@ class TelegramChannel:
     async def run(self, deliver: Deliver) -> None:
         self._deliver = deliver
         try:
-            await self._app.initialize()
+            await self._bot.initialize()
         except InvalidToken as exc:
             raise ChannelError(_token_problem(self._settings)) from exc
-        await self._app.bot.set_my_commands([BotCommand(n, s) for n, s in COMMANDS])
-        await self._app.start()
-        assert self._app.updater is not None
-        await self._app.updater.start_polling(
-            timeout=timedelta(seconds=self._settings.poll_timeout),
-            allowed_updates=[Update.MESSAGE],
-        )
-        logger.info("Telegram: polling as @%s", self._app.bot.username)
-        await self._stopping.wait()
-        await self._app.updater.stop()
+        await self._bot.set_my_commands([BotCommand(n, s) for n, s in COMMANDS])
+        await self._bot.delete_webhook()  # a webhook left set would refuse every getUpdates
+        logger.info("Telegram: polling as @%s", self._bot.username)
+        polling = asyncio.create_task(self._poll(), name="telegram polling")
+        stopping = asyncio.create_task(self._stopping.wait(), name="telegram stopping")
+        try:
+            await asyncio.wait({polling, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (polling, stopping):
+                task.cancel()  # a long poll in flight is abandoned: the bot closes soon after
+            await asyncio.gather(polling, stopping, return_exceptions=True)
+        if polling.done() and not polling.cancelled() and polling.exception() is not None:
+            raise polling.exception()  # type: ignore[misc]
+        await self._confirm()
 
     async def stop_receiving(self) -> None:
         self._stopping.set()
 
     async def close(self) -> None:
-        with contextlib.suppress(TelegramError, RuntimeError):
-            if self._app.updater is not None and self._app.updater.running:
-                await self._app.updater.stop()
-            if self._app.running:
-                await self._app.stop()
-        await self._app.shutdown()
-        await self._app.bot.shutdown()  # an app that never initialized leaves this to us
+        await self._bot.shutdown()
 
     def open_reply(self, place: str, reply_to: str | None) -> Reply:
         chat_id = _chat_id(place)
         message_id = int(reply_to.rsplit(":", 1)[1]) if reply_to else None
-        transport = TelegramTransport(self._app, chat_id, message_id)
+        transport = TelegramTransport(self._bot, chat_id, message_id)
         return StreamingReply(transport, self._render)
 
     async def notify(self, place: str, text: str) -> None:
-        await send_notice(TelegramTransport(self._app, _chat_id(place), None), text)
+        await send_notice(TelegramTransport(self._bot, _chat_id(place), None), text)
 
-    async def _on_message(self, update: Update, _: ContextTypes.DEFAULT_TYPE) -> None:
-        message = update.effective_message
-        if message is None or message.from_user is None or self._deliver is None:
-            return
-        text = self._addressed_text(message)
-        if text is None:
-            return
-        await self._deliver(
-            ChannelMessage(
-                platform=PLATFORM,
-                place=f"{PLATFORM}:{message.chat_id}",
-                message_id=f"{message.chat_id}:{message.message_id}",
-                author_id=str(message.from_user.id),
-                author_name=message.from_user.full_name,
-                text=text,
-                images=await self._images(message),
-            )
+    # -- receiving -----------------------------------------------------------------------------
+
+    async def _poll(self) -> None:
+        """Fetch updates and hand each over in order; confirm an update only once it is recorded
+        (or will never be: ignored, unparseable). A message the store could not record stops the
+        batch there, and after a pause it and those after it are fetched again."""
+        pause = POLL_PAUSE_SECONDS
+        while True:
+            try:
+                batch = await self._get_updates(timeout=self._settings.poll_timeout)
+            except InvalidToken as exc:
+                raise ChannelError(_token_problem(self._settings)) from exc
+            except RetryAfter as exc:
+                await asyncio.sleep(_seconds(exc))
+                continue
+            except TelegramError as exc:
+                logger.warning("Telegram: fetching updates failed (%s); again in %g s", exc, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, MAX_POLL_PAUSE_SECONDS)
+                continue
+            pause = POLL_PAUSE_SECONDS
+            if batch and not await self._hand_over(batch):
+                await asyncio.sleep(POLL_PAUSE_SECONDS)  # the store already waited its turn
+
+    async def _hand_over(self, batch: list[dict[str, Any]]) -> bool:
+        """Hand a batch to the dispatcher: each chat's updates in order, chats side by side (a
+        message waits for its record, and records of many chats share a transaction). Move the
+        offset past every update up to the first that could not be recorded; False if one
+        could not."""
+        chats: dict[object, list[dict[str, Any]]] = {}
+        for raw in batch:
+            chats.setdefault(_chat_of(raw), []).append(raw)
+        unrecorded: list[int] = []
+
+        async def in_order(updates: list[dict[str, Any]]) -> None:
+            for raw in updates:
+                try:
+                    await self._receive(raw)
+                except StoreError:
+                    unrecorded.append(raw["update_id"])
+                    return  # this chat's later updates wait for the same redelivery
+
+        await asyncio.gather(*(in_order(updates) for updates in chats.values()))
+        self._offset = min(unrecorded) if unrecorded else batch[-1]["update_id"] + 1
+        return not unrecorded
+
+    async def _get_updates(self, **parameters: object) -> list[dict[str, Any]]:
+        """`getUpdates`, unparsed (the library's own method parses the whole batch at once, so
+        one update it cannot parse would fail them all)."""
+        query = {"offset": self._offset, **parameters, "allowed_updates": [Update.MESSAGE]}
+        encoded = urlencode({k: json.dumps(v) for k, v in query.items() if v is not None})
+        result = await self._updates_request.post(
+            f"{self._settings.base_url}{self._bot.token}/getUpdates?{encoded}"
         )
+        return list(result) if isinstance(result, list) else []
+
+    async def _confirm(self) -> None:
+        """Tell Telegram which updates were handled, so a restart does not fetch them again."""
+        if self._offset is None:
+            return
+        with contextlib.suppress(TelegramError, TimeoutError):
+            async with asyncio.timeout(5):
+                await self._get_updates(timeout=0, limit=1)
+
+    async def _receive(self, raw: dict[str, Any]) -> None:
+        """Hand one update's message to the dispatcher; raises `StoreError` if it could not be
+        recorded. Anything else wrong with the update is logged, and the update is let go."""
+        try:
+            update = Update.de_json(raw, self._bot)
+            message = update.effective_message if update is not None else None
+            if message is None or message.from_user is None or self._deliver is None:
+                return
+            text = self._addressed_text(message)
+            if text is None:
+                return
+            await self._deliver(
+                ChannelMessage(
+                    platform=PLATFORM,
+                    place=f"{PLATFORM}:{message.chat_id}",
+                    message_id=f"{message.chat_id}:{message.message_id}",
+                    author_id=str(message.from_user.id),
+                    author_name=message.from_user.full_name,
+                    text=text,
+                    images=await self._images(message),
+                    redeliverable=True,
+                )
+            )
+        except StoreError:
+            raise
+        except Exception:
+            logger.exception("Telegram update %s could not be handled; skipped", raw["update_id"])
 
     def _addressed_text(self, message: Message) -> str | None:
         """The text meant for the bot, or None when the message is not for it."""
@@ -198,11 +278,11 @@ class TelegramChannel:
             return text
         if not self._settings.groups:
             return None
-        mention = f"@{self._app.bot.username}"
+        mention = f"@{self._bot.username}"
         mentioned = mention in message.parse_entities([MessageEntity.MENTION]).values()
         replied = message.reply_to_message is not None and (
             message.reply_to_message.from_user is not None
-            and message.reply_to_message.from_user.id == self._app.bot.id
+            and message.reply_to_message.from_user.id == self._bot.id
         )
         if not (mentioned or replied):
             return None
@@ -215,9 +295,6 @@ class TelegramChannel:
         file = await largest.get_file()
         return (bytes(await file.download_as_bytearray()),)
 
-    async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
-        logger.error("Telegram update could not be handled", exc_info=context.error)
-
 
 @contextlib.contextmanager
 def _mapped_errors() -> Iterator[None]:
@@ -225,6 +302,13 @@ def _mapped_errors() -> Iterator[None]:
         yield
     except RetryAfter as exc:
         raise RateLimited(_seconds(exc)) from exc
+
+
+def _chat_of(raw: dict[str, Any]) -> object:
+    """The chat an unparsed update belongs to (its own id when it has none we can read)."""
+    message = raw.get("message")
+    chat = message.get("chat") if isinstance(message, dict) else None
+    return chat.get("id", raw["update_id"]) if isinstance(chat, dict) else raw["update_id"]
 
 
 def _seconds(exc: RetryAfter) -> float:

@@ -19,6 +19,7 @@ from channels.slack import SlackChannel, SlackTokens
 from channels.telegram import TelegramChannel
 from core.channel import Channel
 from core.dispatcher import Allowed
+from core.store import Store
 from tests.fakes.discord import BOT_TOKEN as DISCORD_BOT_TOKEN
 from tests.fakes.discord import USER_ID as DISCORD_USER_ID
 from tests.fakes.discord import FakeDiscord
@@ -135,6 +136,7 @@ async def telegram_platform(
     token: str = BOT_TOKEN,
     vision: bool = False,
     edit_interval: float = 0.05,
+    store: Store | None = None,
     **settings: Any,
 ) -> AsyncIterator[TelegramPlatform]:
     """A running Telegram channel on the fake Bot API (a new one unless `fake` is given);
@@ -152,7 +154,7 @@ async def telegram_platform(
             ),
             token,
         )
-        bot = make_bot(channel=channel, allowed=ALLOWED, images=vision)
+        bot = make_bot(channel=channel, allowed=ALLOWED, images=vision, bot_store=store)
         polls = len(fake.calls_to("getUpdates"))
         async with running(channel, bot):
             await fake.wait_until(lambda: len(fake.calls_to("getUpdates")) > polls, what="a poll")

@@ -9,7 +9,9 @@ from channels.settings import TelegramSettings
 from channels.telegram import TelegramChannel
 from core.commands import COMMANDS
 from core.errors import ChannelError
+from core.store import Store
 from tests.channels.platforms import ANN, BOB, telegram_platform
+from tests.databases import IMPATIENT, Outage, open_store
 from tests.fakes.ollama import Pause, Text
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import BotFactory
@@ -211,3 +213,26 @@ async def test_a_photo_for_a_model_without_vision_is_explained(make_bot: BotFact
         await telegram.wait_until(lambda: telegram.shown(ANN), "the explanation")
     assert "does not read them" in telegram.shown(ANN)[0]
     assert telegram.bot.ollama.requests == []
+
+
+async def test_a_message_is_confirmed_to_telegram_only_once_it_is_recorded(
+    make_bot: BotFactory, outage: Outage, closing: list[Store]
+) -> None:
+    """While the database is away, the update stays unconfirmed, so Telegram keeps it; once the
+    database is back, the same update is fetched again and answered."""
+    store = await open_store(outage.url, IMPATIENT, closing)
+    async with telegram_platform(make_bot, store=store) as telegram:
+        fake = telegram.fake
+        telegram.bot.ollama.script(Text("Recorded, then answered."))
+        outage.begin()
+        update = fake.user_message(ANN, "hello", user_id=ANN)["update_id"]
+        await fake.wait_until(
+            lambda: fake.handed_out.count(update) >= 2, what="the update fetched again"
+        )
+        assert fake.confirmed_offset <= update
+        assert telegram.shown(ANN) == []
+        outage.end()
+        await telegram.wait_until(
+            lambda: telegram.shown(ANN) == ["Recorded, then answered."], "the reply"
+        )
+        await fake.wait_until(lambda: fake.confirmed_offset > update, what="the confirmation")

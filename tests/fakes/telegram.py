@@ -420,6 +420,8 @@ class FakeTelegram:
         self.commands: list[_Json] = []
         self.url = ""
         self._updates: list[_Json] = []  # unconfirmed, in update_id order
+        self.handed_out: list[int] = []
+        """Update ids in the order getUpdates answered with them (an unconfirmed one again)."""
         self._next_update_id = FIRST_UPDATE_ID
         self._confirmed_offset = 0
         self._chats: dict[int | str, _Json] = {}
@@ -666,7 +668,10 @@ class FakeTelegram:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await arrival.wait()
-        return web.json_response({"ok": True, "result": self._updates[:limit]})
+        answer = self._updates[:limit]
+        self.handed_out += [update["update_id"] for update in answer]
+        self._notify()
+        return web.json_response({"ok": True, "result": answer})
 
     def _confirm(self, offset: int) -> None:
         if offset > 0:
