@@ -1,8 +1,11 @@
 """Slack: a conversation is a thread.
 
 Built on slack-bolt's `AsyncApp` over Socket Mode (the default: no public URL needed) or HTTP
-Events (signed requests, verified by bolt). Bolt acknowledges each event at once and runs our
-listener in the background, so a slow turn never makes Slack redeliver.
+Events (signed requests, verified by bolt). Bolt acknowledges an event when our listener returns
+(`process_before_response`), and the listener returns as soon as the dispatcher has recorded the
+message (the turn, or a command, runs on in the background), so a slow turn never makes Slack
+redeliver, and a message that could not be recorded is not acknowledged: Slack delivers it again
+(up to three retries; on the last one the person is asked to send it again instead).
 
 Which messages are ours, and where they belong:
 - A mention of the bot in a channel opens a thread on that message: the place is
@@ -36,6 +39,7 @@ from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -44,7 +48,7 @@ from channels.rendering import RateLimited, RenderSettings, StreamingReply, send
 from channels.settings import SlackSettings
 from core.channel import ChannelMessage, ChannelTraits, Deliver, Reply
 from core.commands import COMMANDS
-from core.errors import ChannelError
+from core.errors import ChannelError, StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +57,7 @@ MESSAGE_LIMIT = 4000
 TOP = "top"
 COMMAND_WORDS = {name for name, _ in COMMANDS}
 SLASH_COMMAND = "/kaiwa"
+LAST_RETRY = 3  # Slack retries an unacknowledged event three times
 IGNORED_SUBTYPES = {"message_changed", "message_deleted", "channel_join", "channel_leave"}
 THREAD_LINK = re.compile(r"p(\d{10})(\d{6})")
 
@@ -153,10 +158,13 @@ class SlackChannel:
             client=self._client,
             signing_secret=tokens.signing_secret or None,
             request_verification_enabled=settings.mode == "http",
+            process_before_response=True,
         )
         self._app.event("message")(self._on_event)
         self._app.event("app_mention")(self._on_event)
-        self._app.command(SLASH_COMMAND)(self._on_command)
+        # Lazy: the command is acknowledged at once, then handed over (which waits for a stop).
+        self._app.command(SLASH_COMMAND)(ack=self._ack_command, lazy=[self._on_command])
+        self._app.error(self._on_error)
         self._deliver: Deliver | None = None
         self._stopping = asyncio.Event()
         self.listening = asyncio.Event()
@@ -259,7 +267,9 @@ class SlackChannel:
         finally:
             await runner.cleanup()
 
-    async def _on_event(self, event: dict[str, Any], body: dict[str, Any]) -> None:
+    async def _on_event(
+        self, event: dict[str, Any], body: dict[str, Any], request: AsyncBoltRequest
+    ) -> None:
         if self._deliver is None or not self._is_from_a_person(event):
             return
         where = await self._where(event, body)
@@ -275,32 +285,42 @@ class SlackChannel:
                 author_id=event.get("user", ""),
                 text=text,
                 room=event["channel"],
+                redeliverable=_retry_number(request) < LAST_RETRY,
             )
         )
 
-    async def _on_command(self, ack: Any, command: dict[str, Any]) -> None:
-        word, _, target = (command.get("text") or "").strip().partition(" ")
-        channel, team = command["channel_id"], command.get("team_id", "")
-        thread = _thread_from(target) or (TOP if channel.startswith("D") else None)
-        if word not in COMMAND_WORDS or thread is None:
+    async def _ack_command(self, ack: Any, command: dict[str, Any]) -> None:
+        target = _command_target(command)
+        if target is None:
             await ack(
                 f"Use `{SLASH_COMMAND} stop <thread link>` here, or type `!stop`, `!new`, "
                 "`!usage` or `!help` inside the thread (Slack does not send slash commands "
                 "from threads)."
             )
+        else:
+            await ack(f"`!{target[0]}` sent to the thread.")
+
+    async def _on_command(self, command: dict[str, Any]) -> None:
+        target = _command_target(command)
+        if target is None or self._deliver is None:
             return
-        await ack(f"`!{word}` sent to the thread.")
-        if self._deliver is not None:
-            await self._deliver(
-                ChannelMessage(
-                    platform=PLATFORM,
-                    place=_Where(team, channel, thread).place,
-                    message_id=f"command:{command.get('trigger_id', '')}",
-                    author_id=command.get("user_id", ""),
-                    text=f"!{word}",
-                    room=channel,
-                )
+        word, where = target
+        await self._deliver(
+            ChannelMessage(
+                platform=PLATFORM,
+                place=where.place,
+                message_id=f"command:{command.get('trigger_id', '')}",
+                author_id=command.get("user_id", ""),
+                text=f"!{word}",
+                room=where.channel,
             )
+        )
+
+    async def _on_error(self, error: Exception) -> None:
+        """A listener failed, so the event is not acknowledged and Slack delivers it again. A
+        message the store could not record was already logged by the dispatcher."""
+        if not isinstance(error, StoreError):
+            logger.error("Slack: handling an event failed", exc_info=error)
 
     def _is_from_a_person(self, event: dict[str, Any]) -> bool:
         if event.get("subtype") in IGNORED_SUBTYPES or "channel" not in event:
@@ -366,6 +386,26 @@ def _mapped_errors() -> Iterator[None]:
         if exc.response.status_code == 429 or exc.response.get("error") == "ratelimited":
             raise RateLimited(float(exc.response.headers.get("Retry-After", 1))) from exc
         raise
+
+
+def _command_target(command: dict[str, Any]) -> tuple[str, _Where] | None:
+    """`/kaiwa <word> <thread>`: the command word and the thread it acts on, or None if either
+    is missing (in a DM, the DM itself is the thread)."""
+    word, _, target = (command.get("text") or "").strip().partition(" ")
+    channel, team = command["channel_id"], command.get("team_id", "")
+    thread = _thread_from(target) or (TOP if channel.startswith("D") else None)
+    if word not in COMMAND_WORDS or thread is None:
+        return None
+    return word, _Where(team, channel, thread)
+
+
+def _retry_number(request: AsyncBoltRequest) -> int:
+    """How many times Slack has already delivered this event (its retry header; 0 at first)."""
+    values = request.headers.get("x-slack-retry-num") or ["0"]
+    try:
+        return int(values[0])
+    except ValueError:
+        return 0
 
 
 def _thread_from(target: str) -> str | None:

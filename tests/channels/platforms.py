@@ -202,6 +202,7 @@ async def slack_platform(
     *,
     fake: FakeSlack | None = None,
     edit_interval: float = 0.05,
+    store: Store | None = None,
     **settings: Any,
 ) -> AsyncIterator[SlackPlatform]:
     """A running Slack channel over Socket Mode on the fake Slack; stops as the app does."""
@@ -213,7 +214,7 @@ async def slack_platform(
             SlackTokens(bot=SLACK_BOT_TOKEN, app=SLACK_APP_TOKEN),
         )
         rooms = frozenset(settings.get("allowed_channels", ()))
-        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED, rooms=rooms)
+        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED, rooms=rooms, bot_store=store)
         connected = fake.hellos
         async with running(channel, bot):
             await fake.wait_connected(connected + 1)

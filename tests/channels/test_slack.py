@@ -6,12 +6,15 @@ import socket
 
 from channels.settings import SlackSettings
 from channels.slack import SlackChannel, SlackTokens
+from core.store import Store
 from tests.channels.platforms import ANN, BOB, SLACK_ALLOWED, slack_platform
+from tests.databases import IMPATIENT, Outage, open_store
 from tests.fakes.ollama import Pause, Text
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET, TEAM, FakeSlack
 from tests.harness import BotFactory
 
 ROOM = "C1"
+DM = "D7"
 ANN_ID, BOB_ID = f"U{ANN}", f"U{BOB}"
 
 
@@ -317,3 +320,53 @@ async def test_an_unreachable_slack_is_one_line() -> None:
     channel = SlackChannel(SlackSettings(api_url=url), SlackTokens(bot=BOT_TOKEN, app=APP_TOKEN))
     (problem,) = await channel.problems()
     assert problem.startswith(f"cannot reach Slack at {url}: ")
+
+
+def envelope_of(fake: FakeSlack, ts: str) -> str:
+    (envelope,) = [
+        envelope
+        for envelope in fake.envelopes
+        if envelope.get("payload", {}).get("event", {}).get("ts") == ts
+    ]
+    return str(envelope["envelope_id"])
+
+
+async def test_an_event_is_acknowledged_only_once_its_message_is_recorded(
+    make_bot: BotFactory, outage: Outage, closing: list[Store]
+) -> None:
+    """Not recorded, the event is not acknowledged, so Slack delivers it again; the retry after
+    the database is back is recorded, acknowledged and answered."""
+    store = await open_store(outage.url, IMPATIENT, closing)
+    async with slack_platform(make_bot, store=store) as slack:
+        fake = slack.fake
+        slack.bot.ollama.script(Text("Here after all."))
+        outage.begin()
+        ts = fake.dm(DM, "hello", user=ANN_ID)
+        envelope = envelope_of(fake, ts)
+        await outage.log.line_with("left for the platform to deliver again")
+        assert envelope not in {ack.envelope_id for ack in fake.acks}
+        outage.end()
+
+        fake.redeliver(envelope)
+        await fake.wait_until(lambda: fake.posted(DM), what="the reply")
+        await fake.wait_until(
+            lambda: envelope in {ack.envelope_id for ack in fake.acks}, what="the ack"
+        )
+    assert [posted.text for posted in fake.posted(DM)] == ["Here after all."]
+
+
+async def test_on_slacks_last_retry_the_person_is_asked_to_send_it_again(
+    make_bot: BotFactory, outage: Outage, closing: list[Store]
+) -> None:
+    store = await open_store(outage.url, IMPATIENT, closing)
+    async with slack_platform(make_bot, store=store) as slack:
+        fake = slack.fake
+        outage.begin()
+        envelope = envelope_of(fake, fake.dm(DM, "hello", user=ANN_ID))
+        for attempt in range(1, 4):  # the first delivery and Slack's first two retries
+            await outage.log.line_with("left for the platform to deliver again", attempt)
+            fake.redeliver(envelope)
+        await fake.wait_until(lambda: fake.posted(DM), what="the notice")
+        outage.end()
+    (notice,) = [posted.text for posted in fake.posted(DM)]
+    assert notice.startswith("I could not save your message")
