@@ -1,15 +1,19 @@
-"""What every benchmark shares: the fake Ollama process, a minimal channel, a Kaiwa turn path, the
-bare-client baseline, statistics and the printed table.
+"""What every benchmark shares: the fake Ollama process, the database Kaiwa stores in (a SQLite
+file, or a throwaway schema on PostgreSQL, optionally behind a proxy that adds a round trip), a
+minimal channel, a Kaiwa turn path, the bare-client baseline, the event loop's lag, statistics and
+the printed table.
 
 Importing this module clears the proxy variables and sets NO_PROXY: httpx would otherwise send
 127.0.0.1 traffic through a configured proxy. Every script imports it before anything connects,
 and child processes inherit the cleaned environment.
 
-Core modules are imported lazily inside `build_kaiwa`, so a child process that measures only the
-bare client does not carry SQLAlchemy and the rest in its peak RSS.
+Core modules and SQLAlchemy are imported lazily inside the functions that need them, so a child
+process that measures only the bare client does not carry them in its peak RSS.
 """
 
+import argparse
 import asyncio
+import bisect
 import cProfile
 import itertools
 import math
@@ -21,7 +25,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,17 +47,30 @@ MODEL = "test-model"
 SYSTEM_PROMPT = "You are a benchmark assistant."
 PLATFORM = "bench"
 FRAME_INTERVAL = 0.05  # the terminal channel's
+POSTGRES_URL_ENV = "KAIWA_BENCH_POSTGRES_URL"
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+DATABASES = ("sqlite", "postgres")
+LAG_PERIOD = 0.005
 _MESSAGE_IDS = itertools.count(1)
 
 
-# -- the fake Ollama, in its own process --------------------------------------------------------
+# -- helper processes: the fake Ollama, the TCP proxy --------------------------------------------
 
 
 @contextmanager
 def fake_ollama(chunks: int, delay_ms: float, *, start_timeout: float = 30.0) -> Iterator[str]:
     """Run `python -m tests.fakes.ollama` in its own process; yield its URL; kill it after."""
-    command = [sys.executable, "-m", "tests.fakes.ollama", "--port", "0"]
-    command += ["--chunks", str(chunks), "--delay-ms", str(delay_ms)]
+    command = ["tests.fakes.ollama", "--port", "0", "--chunks", str(chunks)]
+    command += ["--delay-ms", str(delay_ms)]
+    with ready_process(command, start_timeout) as url:
+        yield url
+
+
+@contextmanager
+def ready_process(module_and_args: list[str], start_timeout: float = 30.0) -> Iterator[str]:
+    """Run `python -m <module> <args>` from the repository root; yield what follows `READY ` on
+    the first line that has it; kill the process after."""
+    command = [sys.executable, "-m", *module_and_args]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
         line = read_line_containing(process, b"READY ", start_timeout)
@@ -82,6 +100,114 @@ def read_line_containing(process: subprocess.Popen[bytes], marker: bytes, timeou
             if not data:
                 raise RuntimeError(f"process ended before printing {marker!r}: {buffer[-500:]!r}")
             buffer += data
+
+
+# -- the database Kaiwa stores in ---------------------------------------------------------------
+
+
+def add_database_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--db sqlite|postgres` and `--db-rtt-ms X`; check them with `check_database_arguments`."""
+    parser.add_argument(
+        "--db",
+        choices=DATABASES,
+        default="sqlite",
+        help=f"where Kaiwa stores: a SQLite file (default) or PostgreSQL at ${POSTGRES_URL_ENV} "
+        f"(default {DEFAULT_POSTGRES_URL})",
+    )
+    parser.add_argument(
+        "--db-rtt-ms",
+        type=float,
+        default=0.0,
+        help="PostgreSQL only: a round trip in ms added by a TCP proxy (tests.fakes.tcp_proxy) "
+        "between Kaiwa and the server (default 0: no proxy)",
+    )
+
+
+def check_database_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.db_rtt_ms < 0:
+        parser.error("--db-rtt-ms cannot be negative")
+    if args.db == "sqlite" and args.db_rtt_ms > 0:
+        parser.error("--db-rtt-ms needs --db postgres (SQLite is a file: no round trip to add)")
+
+
+def postgres_url() -> str:
+    return os.environ.get(POSTGRES_URL_ENV) or DEFAULT_POSTGRES_URL
+
+
+def database_label(db: str, rtt_ms: float) -> str:
+    """The database as the tables' headers name it."""
+    if db == "sqlite":
+        return "SQLite (a file in a temporary folder)"
+    from sqlalchemy.engine import make_url
+
+    url = make_url(postgres_url())
+    where = f"{url.host or '127.0.0.1'}:{url.port or 5432}"
+    if rtt_ms > 0:
+        return f"PostgreSQL at {where} through a proxy adding a {rtt_ms:g} ms round trip"
+    return f"PostgreSQL at {where}, direct (rtt 0)"
+
+
+@contextmanager
+def database_server(db: str, rtt_ms: float) -> Iterator[str | None]:
+    """The server Kaiwa's databases live on, for one run. SQLite: None (each Kaiwa gets a file,
+    see `fresh_database`). PostgreSQL: the URL of the server (`$KAIWA_BENCH_POSTGRES_URL`), or,
+    when `rtt_ms` > 0, the same URL pointed at a `tests.fakes.tcp_proxy` started here in its own
+    process (forwarding to the server and adding the round trip) and killed at the end."""
+    if db == "sqlite":
+        yield None
+        return
+    base = postgres_url()
+    if rtt_ms <= 0:
+        yield base
+        return
+    from sqlalchemy.engine import make_url
+
+    url = make_url(base)
+    target = f"{url.host or '127.0.0.1'}:{url.port or 5432}"
+    with ready_process(
+        ["tests.fakes.tcp_proxy", "--target", target, "--rtt-ms", f"{rtt_ms:g}"]
+    ) as port:
+        yield url.set(host="127.0.0.1", port=int(port)).render_as_string(hide_password=False)
+
+
+@contextmanager
+def fresh_database(server: str | None, data_dir: Path) -> Iterator[str]:
+    """An empty database for one Kaiwa; yields the URL it opens. SQLite (`server` None): a file
+    in `data_dir`. PostgreSQL: a schema `kaiwa_bench_<random hex>` created on `server` for it
+    and dropped (CASCADE) at the end, each by a short-lived engine of its own; Kaiwa's URL names
+    it as its connections' search_path, so its migrations and rows all land there."""
+    if server is None:
+        yield sqlite_url(data_dir)
+        return
+    schema = f"kaiwa_bench_{uuid.uuid4().hex[:12]}"
+    _execute_once(server, f'CREATE SCHEMA "{schema}"')
+    separator = "&" if "?" in server else "?"
+    try:
+        yield f"{server}{separator}options=-csearch_path%3D{schema}"
+    finally:
+        _execute_once(server, f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@contextmanager
+def kaiwa_database(db: str, rtt_ms: float, data_dir: Path) -> Iterator[str]:
+    """`database_server` and `fresh_database` in one: the URL of an empty database on it."""
+    with database_server(db, rtt_ms) as server, fresh_database(server, data_dir) as url:
+        yield url
+
+
+def sqlite_url(data_dir: Path) -> str:
+    return f"sqlite:///{data_dir / 'bench.db'}"
+
+
+def _execute_once(url: str, statement: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(statement))
+    finally:
+        engine.dispose()
 
 
 # -- a minimal channel ----------------------------------------------------------------------
@@ -171,26 +297,33 @@ class Kaiwa:
     async def close(self) -> None:
         await self.runner.shutdown()
         await self.model.close()
-        self.store.close()
+        await self.store.close()
 
 
-def build_kaiwa(
+async def build_kaiwa(
     url: str,
-    data_dir: Path,
+    data_dir: Path | None,
     max_concurrent: int,
     *,
+    database_url: str | None = None,
     connect_timeout: float = 5.0,
     channel: Any = None,
 ) -> Kaiwa:
-    """The real turn path, wired as tests/core/conftest.py does, on `channel` (a `BenchChannel`
-    unless given), open to anyone; no tools, so Kaiwa sends the same request body as the bare
-    client (plus keep_alive)."""
+    """The real turn path, wired as tests/harness.py and bot/app.py do, on `channel` (a
+    `BenchChannel` unless given), open to anyone; no tools, so Kaiwa sends the same request body
+    as the bare client (plus keep_alive). `url` is the (fake) Ollama's; the store opens
+    `database_url`, by default a SQLite file in `data_dir`, with the default `StoreSettings`
+    (as `[storage]` has them). Close it with `Kaiwa.close`."""
     from core.dispatcher import AccessRules, Allowed, Dispatcher
     from core.model import ModelClient, ModelSettings
-    from core.store import Store
+    from core.store import Store, StoreSettings
     from core.turns import AgentProfile, TurnRunner, TurnSettings
 
-    store = Store(f"sqlite:///{data_dir / 'bench.db'}")
+    if database_url is None:
+        if data_dir is None:
+            raise ValueError("build_kaiwa needs a data_dir or a database_url")
+        database_url = sqlite_url(data_dir)
+    store = await Store.open(database_url, StoreSettings())
     model = ModelClient(
         ModelSettings(
             url=url,
@@ -224,6 +357,81 @@ async def bare_turn(client: ollama.AsyncClient, text: str) -> str:
     stream = await client.chat(model=MODEL, messages=messages, stream=True)
     pieces = [part.message.content or "" async for part in stream]
     return "".join(pieces)
+
+
+# -- the event loop's lag ------------------------------------------------------------------
+
+
+class LoopLag:
+    """How late the event loop wakes a timer: a task sleeps `period` over and over and records,
+    for every wake, when it was due and how late it came (actual - requested). Figures are read
+    for windows of loop time (`lateness`): a wake counts in the window its due time falls in, so
+    a wake held up by one side's work counts for that side even if it lands after the window."""
+
+    def __init__(self, period: float = LAG_PERIOD) -> None:
+        self.period = period
+        self._due: list[float] = []
+        self._late: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> "LoopLag":
+        self._task = asyncio.create_task(self._watch(), name="loop lag")
+        return self
+
+    async def stop(self) -> None:
+        """Let the wake due last land, then end the monitor."""
+        if self._task is None:
+            return
+        await asyncio.sleep(2 * self.period)
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._task = None
+
+    @staticmethod
+    def now() -> float:
+        """The loop's clock, which windows are in."""
+        return asyncio.get_running_loop().time()
+
+    def lateness(self, windows: Iterable[tuple[float, float]] | None = None) -> list[float]:
+        """Seconds late of every wake due within one of `windows` ((start, end) by `now`), or of
+        every wake when None."""
+        if windows is None:
+            return list(self._late)
+        late: list[float] = []
+        for start, end in windows:
+            first, last = bisect.bisect_left(self._due, start), bisect.bisect_left(self._due, end)
+            late += self._late[first:last]
+        return late
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.period
+            await asyncio.sleep(self.period)
+            self._due.append(due)
+            self._late.append(loop.time() - due)
+
+
+def lag_summary(lateness: Sequence[float]) -> dict[str, float]:
+    """Median, p99 and max in seconds (NaN when there is no sample), and the sample count."""
+    if not lateness:
+        nan = float("nan")
+        return {"p50": nan, "p99": nan, "max": nan, "n": 0}
+    return {
+        "p50": median(lateness),
+        "p99": percentile(lateness, 99),
+        "max": max(lateness),
+        "n": len(lateness),
+    }
+
+
+def lag_cell(summary: dict[str, float]) -> str:
+    """`median / p99 / max` in ms, as the tables print it."""
+    if not summary["n"]:
+        return "-"
+    return (
+        f"{summary['p50'] * 1000:.2f} / {summary['p99'] * 1000:.2f} / {summary['max'] * 1000:.2f}"
+    )
 
 
 # -- figures ---------------------------------------------------------------------------------

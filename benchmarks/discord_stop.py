@@ -72,7 +72,7 @@ async def kaiwa_stops(
                 anyone=True,
             )
             channel = DiscordChannel(settings, BOT_TOKEN, guild_ready_timeout=0.01)
-            kaiwa = bench.build_kaiwa(url, Path(folder), 8, channel=channel)
+            kaiwa = await bench.build_kaiwa(url, Path(folder), 8, channel=channel)
             reading = asyncio.create_task(channel.run(kaiwa.dispatcher.handle))
             await asyncio.wait_for(channel.listening.wait(), WAIT)
             try:

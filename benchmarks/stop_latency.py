@@ -67,22 +67,15 @@ async def stop_round(kaiwa: bench.Kaiwa, place: str, rng: random.Random) -> Roun
     await kaiwa.dispatcher.handle(stop)  # returns once the stopped turn's task is done
     if not reply.finished.is_set() or reply.outcome is not bench.Outcome.STOPPED:
         return Round(float("nan"), f"reply ended {reply.outcome} ({reply.note})")
-    return Round(reply.finished_at - started, check_store(kaiwa, place, reply))
+    return Round(reply.finished_at - started, await check_store(kaiwa, place, reply))
 
 
-async def watch_lag(samples: list[float]) -> None:
-    """How late a 10 ms timer fires: how busy the event loop is (not Kaiwa's figure, context)."""
-    loop = asyncio.get_running_loop()
-    while True:
-        due = loop.time() + LAG_PERIOD
-        await asyncio.sleep(LAG_PERIOD)
-        samples.append(loop.time() - due)
-
-
-def check_store(kaiwa: bench.Kaiwa, place: str, reply: bench.BenchReply) -> str:
-    conversation = kaiwa.store.active_conversation(place)
-    turn = kaiwa.store.turns(conversation.id)[-1]
-    rows = kaiwa.store.history(conversation.id)
+async def check_store(kaiwa: bench.Kaiwa, place: str, reply: bench.BenchReply) -> str:
+    conversation = await kaiwa.store.active_conversation(place)
+    if conversation is None:
+        return "no conversation stored"
+    turn = (await kaiwa.store.turns(conversation.id))[-1]
+    rows = await kaiwa.store.history(conversation.id)
     stored = "\n\n".join(r.text for r in rows if r.turn_id == turn.id and r.role == "assistant")
     if turn.status != "stopped":
         return f"turn status {turn.status!r}"
@@ -110,7 +103,7 @@ async def measure(url: str, rounds: int, load: int, seed: int) -> tuple[list[Rou
     """The measured stops, and the event loop's timer lag sampled while they ran."""
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="kaiwa-bench-") as tmp:
-        kaiwa = bench.build_kaiwa(url, Path(tmp), max_concurrent=load + 1)
+        kaiwa = await bench.build_kaiwa(url, Path(tmp), max_concurrent=load + 1)
         stopping = asyncio.Event()
         showing = [asyncio.Event() for _ in range(load)]
         background = [
@@ -121,11 +114,10 @@ async def measure(url: str, rounds: int, load: int, seed: int) -> tuple[list[Rou
             async with asyncio.timeout(WAIT):  # every background reply is streaming
                 await asyncio.gather(*(event.wait() for event in showing))
             await stop_round(kaiwa, "bench:warm-up", rng)
-            lags: list[float] = []
-            watcher = asyncio.create_task(watch_lag(lags))
+            lag = bench.LoopLag(LAG_PERIOD).start()  # how busy the loop is: context
             results = [await stop_round(kaiwa, f"bench:stop-{i}", rng) for i in range(rounds)]
-            watcher.cancel()
-            return results, lags
+            await lag.stop()
+            return results, lag.lateness()
         finally:
             stopping.set()
             await kaiwa.close()  # stops every background turn

@@ -111,7 +111,7 @@ async def telegram_bot(
             ),
             BOT_TOKEN,
         )
-        kaiwa = bench.build_kaiwa(url, data_dir, max_concurrent, channel=channel)
+        kaiwa = await bench.build_kaiwa(url, data_dir, max_concurrent, channel=channel)
         reading = asyncio.create_task(channel.run(kaiwa.dispatcher.handle))
         try:
             await fake.wait_until(lambda: fake.calls_to("getUpdates"), WAIT, what="the first poll")
