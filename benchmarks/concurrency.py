@@ -107,14 +107,8 @@ async def kaiwa_burst(
         finally:
             await lag.stop()
             await kaiwa.close()
-    return {
-        "wall": wall,
-        "handed": handed,
-        "ok": done,
-        "rss_ready": rss_ready,
-        "lag": bench.lag_summary(lag.lateness([(begun, ended)])),
-        "errors": notes[:3],
-    }
+    lateness = lag.lateness([(begun, ended)])
+    return burst_result(wall, handed, done, rss_ready, lateness, notes)
 
 
 async def bare_burst(url: str, n: int, limit: float) -> dict[str, object]:
@@ -140,12 +134,25 @@ async def bare_burst(url: str, n: int, limit: float) -> dict[str, object]:
     finally:
         await lag.stop()
         await client.close()
+    lateness = lag.lateness([(begun, ended)])
+    return burst_result(wall, handed, done, rss_ready, lateness, errors)
+
+
+def burst_result(
+    wall: float,
+    handed: float,
+    ok: int,
+    rss_ready: float,
+    lateness: list[float],
+    errors: list[str],
+) -> dict[str, object]:
+    """What a child reports of its burst, either side."""
     return {
         "wall": wall,
         "handed": handed,
-        "ok": done,
+        "ok": ok,
         "rss_ready": rss_ready,
-        "lag": bench.lag_summary(lag.lateness([(begun, ended)])),
+        "lag": bench.lag_summary(lateness),
         "errors": errors[:3],
     }
 
