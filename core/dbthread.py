@@ -49,6 +49,7 @@ Unit = Callable[[Connection], T]
 """A call: statements run on the thread's connection, inside the group's transaction."""
 
 MAX_GROUP = 256
+SETTLE_SLICE = 32
 FIRST_PAUSE, MAX_PAUSE = 0.05, 2.0
 SQLITE_TRANSIENT = ("locked", "busy", "unable to open", "disk i/o", "readonly")
 
@@ -286,11 +287,18 @@ class DatabaseThread:
         return kept
 
     def _resolve(self, outcomes: list[tuple[_Call, Any, BaseException | None]]) -> None:
-        def settle_all() -> None:
-            for call, result, error in outcomes:
-                _settle(call.future, result, error)
+        self._loop.call_soon_threadsafe(self._settle_from, outcomes, 0)
 
-        self._loop.call_soon_threadsafe(settle_all)
+    def _settle_from(
+        self, outcomes: list[tuple[_Call, Any, BaseException | None]], first: int
+    ) -> None:
+        """On the loop: resolve a slice of a group's calls, and the next slice only after the
+        callers these wake have run, so a thousand waiters wake a few dozen at a time and the
+        loop's timers get their turn in between."""
+        for call, result, error in outcomes[first : first + SETTLE_SLICE]:
+            _settle(call.future, result, error)
+        if first + SETTLE_SLICE < len(outcomes):
+            self._loop.call_soon(self._settle_from, outcomes, first + SETTLE_SLICE)
 
 
 class _ConnectionLost(Exception):
