@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import ollama
 
-from core.channel import ChannelMessage, ChannelTraits, Deliver, Frame, Outcome
+from core.channel import ChannelMessage, ChannelTraits, Deliver, Delivery, Frame, Outcome
 
 for _name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
     os.environ.pop(_name, None)
@@ -226,6 +226,8 @@ class BenchReply:
     finished_at: float = 0.0
     has_text: asyncio.Event = field(default_factory=asyncio.Event)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+    posted: tuple[str, ...] = ()
+    delivery: Delivery = Delivery.NOTHING
 
     async def update(self, frame: Frame) -> None:
         self.frames += 1
@@ -236,6 +238,7 @@ class BenchReply:
     async def finish(self, text: str, outcome: Outcome, note: str | None) -> None:
         self.finished_at = time.perf_counter()
         self.text, self.outcome, self.note = text, outcome, note
+        self.delivery = Delivery.SHOWN
         self.finished.set()
 
 
@@ -248,6 +251,9 @@ class BenchChannel:
         self.traits = ChannelTraits(frame_interval=FRAME_INTERVAL)
         self.notices: list[tuple[str, str]] = []
         self._expected: dict[str, BenchReply] = {}
+        self.connected = asyncio.Event()
+        self.connected.set()
+        self.problem: str | None = None
 
     async def run(self, deliver: Deliver) -> None:
         await asyncio.Event().wait()
@@ -262,7 +268,9 @@ class BenchChannel:
         reply = self._expected[message_id] = BenchReply(place)
         return reply
 
-    def open_reply(self, place: str, reply_to: str | None) -> BenchReply:
+    def open_reply(
+        self, place: str, reply_to: str | None, posted: Sequence[str] = ()
+    ) -> BenchReply:
         reply = self._expected.pop(reply_to, None) if reply_to else None
         return reply or BenchReply(place)
 

@@ -74,7 +74,7 @@ async def kaiwa_stops(
             channel = DiscordChannel(settings, BOT_TOKEN, guild_ready_timeout=0.01)
             kaiwa = await bench.build_kaiwa(url, Path(folder), 8, channel=channel)
             reading = asyncio.create_task(channel.run(kaiwa.dispatcher.handle))
-            await asyncio.wait_for(channel.listening.wait(), WAIT)
+            await asyncio.wait_for(channel.connected.wait(), WAIT)
             try:
                 pauses = random.Random(SEED)
                 for index in range((warmup + rounds) * len(WAYS)):

@@ -44,7 +44,7 @@ import contextvars
 import logging
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -182,7 +182,7 @@ class _Client(discord.Client):
         await self.channel.received(message)
 
     async def on_ready(self) -> None:
-        self.channel.listening.set()
+        self.channel.connected.set()
         logger.info(
             "Discord: connected as %s (%s) in %d servers", self.user, self.user.id, len(self.guilds)
         )
@@ -242,8 +242,9 @@ class DiscordChannel:
         for name, summary in COMMANDS:
             self._commands.add_command(self._slash_command(name, summary))
         self._deliver: Deliver | None = None
-        self.listening = asyncio.Event()
+        self.connected = asyncio.Event()
         """Set once the gateway session is ready (every server known): messages arrive."""
+        self.problem: str | None = None
         self._receiving = False
         self._stopping = asyncio.Event()
         self._gateway: asyncio.Task[None] | None = None
@@ -307,8 +308,8 @@ class DiscordChannel:
         finally:
             self._handlers.discard(task)
 
-    def open_reply(self, place: str, reply_to: str | None) -> Reply:
-        return StreamingReply(self._transport(place), self._render)
+    def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
+        return StreamingReply(self._transport(place), self._render, posted)
 
     async def notify(self, place: str, text: str) -> None:
         pending = _answering.get()

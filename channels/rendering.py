@@ -26,16 +26,17 @@ way everywhere:
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from channels.formatting import split_message
-from core.channel import Frame, Outcome
+from core.channel import Delivery, Frame, Outcome
 
 logger = logging.getLogger(__name__)
 
 STOPPED_MARK = "(stopped)"
+INTERRUPTED_MARK = "(interrupted by a restart)"
 TYPING_REFRESH_SECONDS = 4.0
 TYPING_GIVE_UP_SECONDS = 300.0
 FINISH_ATTEMPTS = 10
@@ -90,12 +91,21 @@ class _Shown:
 
 
 class StreamingReply:
-    def __init__(self, transport: Transport, settings: RenderSettings) -> None:
+    def __init__(
+        self, transport: Transport, settings: RenderSettings, posted: Sequence[str] = ()
+    ) -> None:
+        """`posted`: messages an earlier process posted for this reply (taken up again, their
+        text unknown, so the final text replaces them)."""
         self._transport = transport
         self._settings = settings
-        self._shown: list[_Shown] = []
+        self._shown: list[_Shown] = [_Shown(message_id, "", True) for message_id in posted]
         self._quiet_until = 0.0
+        self.delivery = Delivery.NOTHING
         self._typing = asyncio.create_task(self._keep_typing(), name="typing indicator")
+
+    @property
+    def posted(self) -> tuple[str, ...]:
+        return tuple(shown.message_id for shown in self._shown)
 
     async def update(self, frame: Frame) -> None:
         body = _with_status(frame.text, self._status(frame))
@@ -114,14 +124,17 @@ class StreamingReply:
         pieces = self._pieces(final_text(text, outcome, note))
         for _ in range(FINISH_ATTEMPTS):
             if self._shows_finally(pieces):
+                self.delivery = Delivery.SHOWN
                 return
             await asyncio.sleep(max(0.0, self._quiet_until - asyncio.get_running_loop().time()))
             try:
                 await self._show(pieces, live=False)
+                self.delivery = Delivery.SHOWN
                 return
             except RateLimited as limited:
                 logger.info("rate limited: trying again in %g s", limited.retry_after)
                 self._keep_quiet(limited.retry_after)
+        self.delivery = Delivery.STALE if self._shown else Delivery.NOTHING
         logger.error("gave up showing a reply's final text after %d rate limits", FINISH_ATTEMPTS)
 
     def _shows_finally(self, pieces: list[str]) -> bool:
@@ -189,11 +202,19 @@ async def send_notice(transport: Transport, text: str) -> None:
 def final_text(text: str, outcome: Outcome, note: str | None) -> str:
     """The reply's last form: the answer, then the stop mark or the failure reason."""
     if outcome is Outcome.STOPPED:
-        return f"{text} {STOPPED_MARK}" if text else STOPPED_MARK
+        return _marked(text, STOPPED_MARK)
+    if outcome is Outcome.INTERRUPTED:
+        return _marked(text, INTERRUPTED_MARK)
     if outcome is Outcome.FAILED:
         reason = f"⚠️ {note}" if note else "⚠️ the reply failed"
         return f"{text}\n\n{reason}" if text else reason
     return text
+
+
+def _marked(text: str, mark: str) -> str:
+    """The text, then one space and the mark (however the text ended)."""
+    text = text.rstrip()
+    return f"{text} {mark}" if text else mark
 
 
 def _with_status(text: str, status: str) -> str:

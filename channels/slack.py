@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,8 +167,9 @@ class SlackChannel:
         self._app.error(self._on_error)
         self._deliver: Deliver | None = None
         self._stopping = asyncio.Event()
-        self.listening = asyncio.Event()
+        self.connected = asyncio.Event()
         """Set once events can arrive (the socket is connected, or the HTTP server listens)."""
+        self.problem: str | None = None
         self._identity: dict[str, str] = {}
         self._threads: dict[tuple[str, str], bool] = {}
 
@@ -222,12 +223,12 @@ class SlackChannel:
     async def close(self) -> None:
         """Nothing left open: each Web API call opens and closes its own session."""
 
-    def open_reply(self, place: str, reply_to: str | None) -> Reply:
+    def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
         working_on = reply_to.split(":", 1)[1] if reply_to else None
         transport = SlackTransport(
             self._client, _Where.of(place), working_on, self._settings.working_reaction
         )
-        return StreamingReply(transport, self._render)
+        return StreamingReply(transport, self._render, posted)
 
     async def notify(self, place: str, text: str) -> None:
         await send_notice(SlackTransport(self._client, _Where.of(place)), text)
@@ -237,7 +238,7 @@ class SlackChannel:
     async def _serve_socket_mode(self) -> None:
         handler = AsyncSocketModeHandler(self._app, self._tokens.app, web_client=self._client)
         await handler.connect_async()
-        self.listening.set()
+        self.connected.set()
         logger.info("Slack: connected over Socket Mode as %s", self._identity.get("user_id"))
         try:
             await self._stopping.wait()
@@ -255,7 +256,7 @@ class SlackChannel:
         await runner.setup()
         site = web.TCPSite(runner, self._settings.http_host, self._settings.http_port)
         await site.start()
-        self.listening.set()
+        self.connected.set()
         logger.info(
             "Slack: receiving events on http://%s:%d%s",
             self._settings.http_host,

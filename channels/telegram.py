@@ -26,7 +26,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -129,6 +129,8 @@ class TelegramChannel:
         )
         self._deliver: Deliver | None = None
         self._stopping = asyncio.Event()
+        self.connected = asyncio.Event()
+        self.problem: str | None = None
         self._offset: int | None = None
         """The first update not yet confirmed to Telegram (None: none seen yet)."""
 
@@ -152,6 +154,7 @@ class TelegramChannel:
         await self._bot.set_my_commands([BotCommand(n, s) for n, s in COMMANDS])
         await self._bot.delete_webhook()  # a webhook left set would refuse every getUpdates
         logger.info("Telegram: polling as @%s", self._bot.username)
+        self.connected.set()
         polling = asyncio.create_task(self._poll(), name="telegram polling")
         stopping = asyncio.create_task(self._stopping.wait(), name="telegram stopping")
         try:
@@ -170,11 +173,11 @@ class TelegramChannel:
     async def close(self) -> None:
         await self._bot.shutdown()
 
-    def open_reply(self, place: str, reply_to: str | None) -> Reply:
+    def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
         chat_id = _chat_id(place)
         message_id = int(reply_to.rsplit(":", 1)[1]) if reply_to else None
         transport = TelegramTransport(self._bot, chat_id, message_id)
-        return StreamingReply(transport, self._render)
+        return StreamingReply(transport, self._render, posted)
 
     async def notify(self, place: str, text: str) -> None:
         await send_notice(TelegramTransport(self._bot, _chat_id(place), None), text)

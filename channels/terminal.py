@@ -14,11 +14,19 @@ import asyncio
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TextIO
 
 from channels.settings import TerminalSettings
-from core.channel import ChannelMessage, ChannelTraits, Deliver, Frame, Outcome, Reply
+from core.channel import (
+    ChannelMessage,
+    ChannelTraits,
+    Deliver,
+    Delivery,
+    Frame,
+    Outcome,
+    Reply,
+)
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 REPLY_LABEL = "kaiwa> "
@@ -44,6 +52,9 @@ class TerminalChannel:
         self._run_id = uuid.uuid4().hex[:12]
         self._reader: asyncio.Task[None] | None = None
         self._stopping = False
+        self.connected = asyncio.Event()
+        self.connected.set()  # a terminal is there from the start
+        self.problem: str | None = None
 
     async def run(self, deliver: Deliver) -> None:
         self._reader = asyncio.current_task()
@@ -84,7 +95,9 @@ class TerminalChannel:
     async def close(self) -> None:
         """Nothing to release: the reader thread is a daemon and ends with the process."""
 
-    def open_reply(self, place: str, reply_to: str | None) -> Reply:
+    def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
+        """A terminal cannot change what it printed: a reply taken up after a restart starts
+        anew below it."""
         return TerminalReply(self._write, self._dim, self._settings)
 
     async def notify(self, place: str, text: str) -> None:
@@ -103,9 +116,12 @@ class TerminalChannel:
 
 
 class TerminalReply:
+    posted: tuple[str, ...] = ()  # printed lines have no ids
+
     def __init__(
         self, write: Callable[[str], None], dim: Callable[[str], str], settings: TerminalSettings
     ) -> None:
+        self.delivery = Delivery.NOTHING
         self._write_raw = write
         self._dimmed = dim
         self._settings = settings
@@ -123,9 +139,12 @@ class TerminalReply:
             self._start("text")
         if outcome is Outcome.STOPPED:
             self._write_raw(self._dimmed(" (stopped)"))
+        elif outcome is Outcome.INTERRUPTED:
+            self._write_raw(self._dimmed(" (interrupted by a restart)"))
         elif outcome is Outcome.FAILED:
             self._write_raw(("\n" if self._text else "") + f"[failed] {note}")
         self._write_raw("\n")
+        self.delivery = Delivery.SHOWN
 
     def _show(self, frame: Frame) -> None:
         if self._settings.show_thinking and frame.thinking and frame.thinking != self._thinking:

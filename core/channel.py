@@ -9,7 +9,8 @@ not as deltas, so an adapter may drop or coalesce frames freely (rate limits) an
 right text at the end.
 """
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -46,6 +47,19 @@ class Outcome(StrEnum):
     DONE = "done"
     STOPPED = "stopped"
     FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    """Kaiwa restarted in the middle of it: shown ending with "(interrupted by a restart)"."""
+
+
+class Delivery(StrEnum):
+    """What the platform shows of a finished reply."""
+
+    SHOWN = "shown"
+    """The final text, in full (and no Stop control)."""
+    STALE = "stale"
+    """An older text: the last edit could not be made (rate limits past the deadline)."""
+    NOTHING = "nothing"
+    """Nothing at all: not one message could be posted."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +80,15 @@ class ChannelTraits:
 
 
 class Reply(Protocol):
-    """One reply being written. `finish` is always the last call and carries the final text."""
+    """One reply being written. `finish` is always the last call and carries the final text.
+
+    `posted` are the platform's ids of the messages the reply has posted so far, in order (the
+    turn records them, so a restart can find the reply again); `delivery` is what the platform
+    shows once `finish` has returned.
+    """
+
+    posted: tuple[str, ...]
+    delivery: Delivery
 
     async def update(self, frame: Frame) -> None: ...
     async def finish(self, text: str, outcome: Outcome, note: str | None) -> None: ...
@@ -78,8 +100,14 @@ Raises `core.errors.StoreError` when a `redeliverable` message could not be reco
 
 
 class Channel(Protocol):
+    """A platform. `connected` is set while the channel can receive (cleared while it is
+    reconnecting); `problem` is why it last could not connect, in words with the fix (None when
+    nothing went wrong)."""
+
     platform: str
     traits: ChannelTraits
+    connected: asyncio.Event
+    problem: str | None
 
     async def run(self, deliver: Deliver) -> None:
         """Receive messages and hand each to `deliver`; return when the channel ends by itself
@@ -94,8 +122,10 @@ class Channel(Protocol):
         """Release the platform connection; called once every turn has sent its last edit."""
         ...
 
-    def open_reply(self, place: str, reply_to: str | None) -> Reply:
-        """Start a reply in `place`; nothing need be visible until the first frame."""
+    def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
+        """Start a reply in `place`; nothing need be visible until the first frame. `posted`:
+        the ids of messages an earlier process posted for this reply (after a restart), which
+        the reply takes up again instead of posting anew."""
         ...
 
     async def notify(self, place: str, text: str) -> None:

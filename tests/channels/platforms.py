@@ -283,7 +283,7 @@ async def discord_platform(
         people = Allowed(users=ALLOWED | {str(DISCORD_USER_ID)})
         bot = make_bot(channel=channel, access=access or people, images=vision)
         async with running(channel, bot):
-            await asyncio.wait_for(channel.listening.wait(), 5)
+            await asyncio.wait_for(channel.connected.wait(), 5)
             yield DiscordPlatform(fake, bot)
 
 

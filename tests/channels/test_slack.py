@@ -265,7 +265,7 @@ async def test_http_mode_answers_signed_events_and_refuses_bad_signatures(
         bot.ollama.script(Text("Over HTTP."))
         reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
         url = f"http://127.0.0.1:{port}/slack/events"
-        await asyncio.wait_for(channel.listening.wait(), 5)
+        await asyncio.wait_for(channel.connected.wait(), 5)
         challenge = {"type": "url_verification", "challenge": "abc", "token": "x"}
         verified = await fake.post_event(url, challenge)
         event = {

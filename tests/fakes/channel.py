@@ -8,10 +8,10 @@ does the same for frames (`updating`, `release_update()`). `calls` is the order 
 """
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from core.channel import ChannelTraits, Deliver, Frame, Outcome
+from core.channel import ChannelTraits, Deliver, Delivery, Frame, Outcome
 from tests.fakes.changes import Changes
 
 WAIT_SECONDS = 5.0
@@ -25,6 +25,8 @@ class RecordedReply:
     text: str | None = None
     outcome: Outcome | None = None
     note: str | None = None
+    taken_up: tuple[str, ...] = ()
+    """Ids of messages an earlier process posted, which this reply took up again."""
 
     @property
     def shown(self) -> str:
@@ -55,6 +57,9 @@ class RecordingChannel:
         self._update_gate = asyncio.Event()
         self.calls: list[str] = []
         self._changes = Changes()
+        self.connected = asyncio.Event()
+        self.connected.set()
+        self.problem: str | None = None
 
     async def run(self, deliver: Deliver) -> None:
         await asyncio.Event().wait()
@@ -65,8 +70,8 @@ class RecordingChannel:
     async def close(self) -> None:
         pass
 
-    def open_reply(self, place: str, reply_to: str | None) -> "_Reply":
-        recorded = RecordedReply(place, reply_to)
+    def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> "_Reply":
+        recorded = RecordedReply(place, reply_to, taken_up=tuple(posted))
         self.replies.append(recorded)
         return _Reply(self, recorded)
 
@@ -101,6 +106,8 @@ class _Reply:
     def __init__(self, channel: RecordingChannel, recorded: RecordedReply) -> None:
         self._channel = channel
         self.recorded = recorded
+        self.posted: tuple[str, ...] = recorded.taken_up
+        self.delivery = Delivery.NOTHING
 
     async def update(self, frame: Frame) -> None:
         self._channel.calls.append("update started")
@@ -108,6 +115,8 @@ class _Reply:
             self._channel.updating.set()
             await self._channel._update_gate.wait()
         self.recorded.frames.append(frame)
+        if not self.posted:
+            self.posted = (f"{self.recorded.place}/{len(self._channel.replies)}",)
         self._channel.calls.append("update done")
         self._channel.changed()
 
@@ -116,5 +125,6 @@ class _Reply:
             self._channel.finishing.set()
             await self._channel._finish_gate.wait()
         self.recorded.text, self.recorded.outcome, self.recorded.note = text, outcome, note
+        self.delivery = Delivery.SHOWN
         self._channel.calls.append("finish")
         self._channel.changed()
