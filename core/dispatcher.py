@@ -1,6 +1,5 @@
 """The dispatcher: the one door every inbound message goes through, in a fixed order.
 
-0. While shutting down, leave the message unrecorded and unanswered.
 1. Decide what the message is (refused by the access rules, a command, too large, or a turn), and
    record it in the inbox with that decision. The inbox's unique index on the platform's message
    id deduplicates, persisted, so a redelivery after a restart is still a duplicate and never a
@@ -12,8 +11,11 @@
 3. Commands are matched before anything queues: a command is never sent to the model and never
    waits behind a running turn. It runs before `handle` returns, so a message that arrives after
    it is handled after it (a `/new` then a question: the question opens the new conversation).
-4. Images the agent's model cannot read, and oversized messages, are refused with the reason.
-5. Anything else starts a turn as a background task, so the channel keeps reading.
+4. Messages with nothing to read (a bare mention, a sticker), images the agent's model cannot
+   read, and oversized messages are answered with the reason, and no model is called.
+5. Anything else starts a turn as a background task, so the channel keeps reading. While Kaiwa
+   shuts down, such a message is recorded but not started; the next start answers it
+   (`core.recovery`).
 """
 
 import logging
@@ -99,17 +101,13 @@ class Dispatcher:
         """Record `message` and act on it: answer a refusal or a command, or queue a turn.
         Raises `StoreError` when a redeliverable message cannot be recorded, so its channel does
         not acknowledge it."""
-        if self._runner.closing:
-            # Not recorded, so a platform that redelivers it after the restart gets an answer.
-            logger.warning("shutting down: %s message %s left unanswered", *_origin(message))
-            return
         message = replace(message, text=clean(message.text))
         stranger = self._access.refusal(message)
         command = None if stranger else parse_command(message.text)
         refusal = stranger or (None if command else self._content_refusal(message))
         status = "refused" if refusal else "command" if command else "turn"
         try:
-            event_id = await self._store.claim_inbound(_inbound(message, status))
+            event_id = await self._recorded(message, status)
         except StoreError as exc:
             await self._not_recorded(message, exc)
             return
@@ -128,6 +126,11 @@ class Dispatcher:
             await channel.notify(message.place, refusal)
         elif command is not None:
             await self._run_command(message, channel, command)
+        elif self._runner.closing:
+            logger.warning(
+                "shutting down: %s message %s is recorded and will be answered at the next start",
+                *_origin(message),
+            )
         else:
             self._runner.submit(
                 TurnRequest(
@@ -141,9 +144,28 @@ class Dispatcher:
                 )
             )
 
+    async def _recorded(self, message: ChannelMessage, status: str) -> int | None:
+        """The message's inbox id, or None for a duplicate. A redelivery is a duplicate unless
+        no turn ever took its message up (recorded, then a crash or a shutdown): then it is
+        taken over and answered, once (`take_over` lets one taker win)."""
+        claim = await self._store.claim_inbound(_inbound(message, status))
+        if claim.fresh:
+            return claim.event_id
+        if claim.answered or self._runner.handles(claim.event_id):
+            return None
+        if not await self._store.take_over(claim.event_id, claim.token):
+            return None
+        logger.info(
+            "%s message %s was recorded but never answered: answering it", *_origin(message)
+        )
+        return claim.event_id
+
     def _content_refusal(self, message: ChannelMessage) -> str | None:
         """Why the model cannot take this message, in words for the person, or None."""
         agent = self._runner.settings.agent
+        if not message.text.strip() and not message.images:
+            pictures = " and pictures" if agent.images else ""
+            return f"Ask me something: I read text{pictures}, so write your question as a message."
         if message.images and not agent.images:
             return (
                 f"I can't see images: {agent.model} does not read them. Send your question as "

@@ -18,6 +18,8 @@ class ToolStatus(StrEnum):
     INVALID_ARGUMENTS = "invalid_arguments"
     TIMEOUT = "timeout"
     STOPPED = "stopped"
+    INTERRUPTED = "interrupted"
+    """Kaiwa restarted while it ran (the result is stored at start-up)."""
 
 
 @dataclass(frozen=True)

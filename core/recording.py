@@ -24,12 +24,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from core.channel import Frame
 from core.errors import StoreError
 from core.loop import LoopSink
 from core.messages import AssistantMessage, ToolCall, ToolResult, Usage, UsageTotals
-from core.store import StartedTurn, Store, TurnMessage, TurnState
+from core.store import StartedTurn, Store, TurnMessage, TurnState, not_awaited
 from core.tables import utc_now
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class TurnRecorder(LoopSink):
         self._answer: AssistantMessage | None = None
         self._activity: str | None = None
         self._saved = ("", "")
+        self._reply_ids: tuple[str, ...] = ()
+        self._ending: TurnState | None = None
         self._writes: list[asyncio.Future[None]] = []
         self._failure: BaseException | None = None
         self.on_change: Callable[[], None] = _nothing
@@ -124,10 +127,23 @@ class TurnRecorder(LoopSink):
         self._write(messages)
         return asyncio.ensure_future(self.flushed())
 
+    def note_posted(self, posted: tuple[str, ...]) -> None:
+        """The reply has posted these messages: record their ids (a restart finds them)."""
+        if posted != self._reply_ids:
+            self._reply_ids = posted
+            self._write([], state=self._state())
+
     def finish(self, status: str, stop_reason: str | None, error: str | None) -> None:
         """Queue the turn's ending, with its answer if it was held."""
-        state = TurnState(status, self.usage, stop_reason, error, utc_now())
+        state = TurnState(status, self.usage, stop_reason, error, utc_now(), self._reply_ids)
+        self._ending = state
         self._write(self._take_answer(), state=state)
+
+    def delivered(self, posted: tuple[str, ...], delivery: str) -> None:
+        """After the notice: what the platform shows of the reply, if not the final text."""
+        if self._ending is not None and self._settled:
+            state = replace(self._ending, reply_ids=posted, delivery=delivery)
+            not_awaited(self._submit(([], state)), "recording what the platform shows")
 
     def mark_unsaved(self, error: str) -> None:
         """The turn's records could not all be written: once the database is back, the turn
@@ -135,7 +151,7 @@ class TurnRecorder(LoopSink):
         was never stored has nothing to mark."""
         if self._started is None:
             return
-        state = TurnState("failed", self.usage, None, error, utc_now())
+        state = TurnState("failed", self.usage, None, error, utc_now(), self._reply_ids)
         started = self._started
         with contextlib.suppress(StoreError):  # closed already: start-up marks it interrupted
             repair = self._store.record_turn(
@@ -164,7 +180,7 @@ class TurnRecorder(LoopSink):
         return [(self._seq - 1, held)]
 
     def _state(self) -> TurnState:
-        return TurnState("running", self.usage)
+        return TurnState("running", self.usage, reply_ids=self._reply_ids)
 
     def _write(
         self, messages: list[tuple[int, TurnMessage]], *, state: TurnState | None = None

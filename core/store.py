@@ -46,6 +46,7 @@ from sqlalchemy import (
     bindparam,
     create_engine,
     event,
+    func,
     insert,
     select,
     update,
@@ -58,7 +59,8 @@ from sqlmodel import SQLModel
 
 from core.dbthread import DatabaseThread, OutageLog, Unit
 from core.errors import StoreError
-from core.messages import AssistantMessage, ToolResult, UsageTotals
+from core.history import INTERRUPTED_TOOL, unanswered_calls
+from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, UsageTotals
 from core.schema import ensure_schema
 from core.tables import Conversation, InboundEvent, Message, Turn, utc_now
 from core.text import clean_all
@@ -67,7 +69,6 @@ logger = logging.getLogger(__name__)
 
 Row = TypeVar("Row", bound=SQLModel)
 T = TypeVar("T")
-INTERRUPTED = "Kaiwa stopped before this turn finished (the process ended without a shutdown)"
 BACKENDS = ("sqlite", "postgresql")
 
 
@@ -98,6 +99,40 @@ class Inbound:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """What `claim_inbound` found. A redelivery (`fresh` False) whose message no turn ever took
+    up (`answered` False) may be taken over with `take_over(event_id, token)`."""
+
+    event_id: int
+    fresh: bool
+    answered: bool = True
+    token: str = ""
+    """The claim the row carries (the one to take over)."""
+
+
+@dataclass(frozen=True)
+class StoredConversation:
+    """A place's active conversation as the turn path reads it."""
+
+    conversation: Conversation | None
+    messages: list[Message]
+    endings: dict[int, str]
+    """How each of its turns ended (its status), for `core.history`."""
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A turn a dead process left `running`, with what start-up recovery needs to resolve it."""
+
+    turn: Turn
+    place: str
+    messages: list[Message]
+    """The turn's own messages, in order (the person's first)."""
+    reply_to: str | None
+    """The platform id of the message it answers (None for a turn no person started)."""
+
+
+@dataclass(frozen=True)
 class TurnStart:
     place: str
     agent: str
@@ -109,6 +144,7 @@ class TurnStart:
     conversation_id: int | None = None
     """The place's conversation (`conversation_of`); None opens a new one, with `agent` and
     `system_prompt`."""
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
@@ -126,6 +162,8 @@ class TurnState:
     stop_reason: str | None = None
     error: str | None = None
     ended_at: datetime | None = None
+    reply_ids: tuple[str, ...] = ()
+    delivery: str | None = None
 
 
 TurnMessage = AssistantMessage | ToolResult
@@ -192,9 +230,10 @@ class Store:
 
     # -- inbound events ------------------------------------------------------------------------
 
-    def claim_inbound(self, inbound: Inbound) -> Awaitable[int | None]:
-        """Record a platform message in the inbox; None if it was recorded before (a
-        redelivery). The platform may be told the message arrived once this resolves."""
+    def claim_inbound(self, inbound: Inbound) -> Awaitable[Claim]:
+        """Record a platform message in the inbox. A message recorded before (a redelivery) is
+        not recorded again: the claim says whether anything took it up. The platform may be
+        told the message arrived once this resolves."""
         token = uuid.uuid4().hex
         values = _fit(
             InboundEvent,
@@ -211,14 +250,47 @@ class Store:
         )
         claim_statement = _claim_statement(self._dialect)
 
-        def claim(connection: Connection) -> int | None:
+        def claim(connection: Connection) -> Claim:
             inserted = connection.execute(claim_statement, values).scalar()
             if inserted is not None:
-                return int(inserted)
-            # A replay of our own committed claim finds its token; anyone else's is a duplicate.
-            return connection.execute(_own_claim_statement(), values).scalar()
+                return Claim(int(inserted), fresh=True, token=token)
+            found = connection.execute(_earlier_claim_statement(), values).one()
+            if found.claim == token:  # our own commit, replayed after its answer was lost
+                return Claim(found.id, fresh=True, token=token)
+            taken_up = found.status != "turn" or found.turns > 0
+            return Claim(found.id, fresh=False, answered=taken_up, token=found.claim or "")
 
-        return self._call(claim, autocommit=True)  # its SELECT only looks at its own row
+        return self._call(claim, autocommit=True)  # its SELECT only runs after a collision
+
+    def take_over(self, event_id: int, token: str) -> Awaitable[bool]:
+        """Take a recorded message no turn took up, if nobody took it over since `token` was
+        read (its claim changes, so a second taker finds it gone)."""
+        table = InboundEvent.__table__  # type: ignore[attr-defined]
+        statement = (
+            update(table)
+            .where(table.c.id == event_id, table.c.claim == token)
+            .values(claim=uuid.uuid4().hex)
+        )
+        return self._call(
+            lambda connection: connection.execute(statement).rowcount == 1, autocommit=True
+        )
+
+    def unanswered_messages(self) -> Awaitable[list[InboundEvent]]:
+        """Messages recorded for a turn that never started (a crash or a shutdown came first),
+        oldest first."""
+        table = InboundEvent.__table__  # type: ignore[attr-defined]
+        turns = Turn.__table__  # type: ignore[attr-defined]
+        statement = (
+            select(table)
+            .where(
+                table.c.status == "turn",
+                ~select(turns.c.id).where(turns.c.inbound_event_id == table.c.id).exists(),
+            )
+            .order_by(table.c.id)
+        )
+        return self._call(
+            lambda connection: _rows(connection, InboundEvent, statement), autocommit=True
+        )
 
     def mark_inbound(self, event_id: int, status: str) -> Awaitable[None]:
         return self._call(_updater(InboundEvent, event_id, {"status": status}), autocommit=True)
@@ -258,16 +330,19 @@ class Store:
 
     # -- turns ---------------------------------------------------------------------------------
 
-    def conversation_of(self, place: str) -> Awaitable[tuple[Conversation | None, list[Message]]]:
-        """The place's active conversation (None if it has none) and its messages so far."""
+    def conversation_of(self, place: str) -> Awaitable[StoredConversation]:
+        """The place's active conversation (None if it has none), its messages so far and how
+        each of its turns ended."""
 
-        def run(connection: Connection) -> tuple[Conversation | None, list[Message]]:
+        def run(connection: Connection) -> StoredConversation:
             conversation = _active_conversation(connection, place)
             if conversation is None or conversation.id is None:
-                return None, []
-            return conversation, _of_conversation(connection, Message, conversation.id)
+                return StoredConversation(None, [], {})
+            messages = _of_conversation(connection, Message, conversation.id)
+            endings = dict(connection.execute(_endings_statement(), {"id": conversation.id}).all())
+            return StoredConversation(conversation, messages, endings)
 
-        # Two reads need no transaction: the caller holds the conversation's gate.
+        # Reads that need no transaction: the caller holds the conversation's gate.
         return self._call(run, autocommit=True)
 
     def start_turn(self, start: TurnStart) -> Awaitable[StartedTurn]:
@@ -287,6 +362,7 @@ class Store:
                 "conversation_id": conversation_id,
                 "inbound_event_id": start.inbound_event_id,
                 "provenance": start.provenance,
+                "attempt": start.attempt,
                 "status": "running",
                 "started_at": now,
                 **_usage_values(UsageTotals()),
@@ -348,21 +424,51 @@ class Store:
 
         return self._call(run, autocommit=True)
 
-    def close_interrupted_turns(self) -> Awaitable[int]:
-        """Mark turns left `running` by a process that died as interrupted; returns how many.
+    def unfinished_turns(self) -> Awaitable[list[Unfinished]]:
+        """Turns left `running` (by a process that died: this one has started none yet), oldest
+        first, with their messages and place."""
+        turns = Turn.__table__  # type: ignore[attr-defined]
 
-        One Kaiwa process owns a database: a second one would also break the per-conversation
-        gate, which lives in memory.
-        """
-        table = Turn.__table__  # type: ignore[attr-defined]
-        statement = (
-            update(table)
-            .where(table.c.status == "running")
-            .values(status="interrupted", error=INTERRUPTED, ended_at=utc_now())
-        )
-        return self._call(
-            lambda connection: connection.execute(statement).rowcount, autocommit=True
-        )
+        def run(connection: Connection) -> list[Unfinished]:
+            running = _rows(connection, Turn, select(turns).where(turns.c.status == "running"))
+            found = []
+            for turn in sorted(running, key=lambda each: each.id or 0):
+                place = connection.execute(
+                    _place_statement(), {"id": turn.conversation_id}
+                ).scalar_one()
+                messages = _rows(connection, Message, _of_turn_statement(), turn_id=turn.id)
+                reply_to = None
+                if turn.inbound_event_id is not None:
+                    reply_to = connection.execute(
+                        _platform_id_statement(), {"id": turn.inbound_event_id}
+                    ).scalar()
+                found.append(Unfinished(turn, place, messages, reply_to))
+            return found
+
+        return self._call(run)
+
+    def close_interrupted(self, unfinished: Unfinished, error: str) -> Awaitable[None]:
+        """End a turn a dead process left running: `interrupted`, with `error`, and a result for
+        each tool call it has none for, so the stored history is well-formed too."""
+        turn = unfinished.turn
+        assert turn.id is not None
+        first = 1 + max((message.seq or 0 for message in unfinished.messages), default=0)
+        now = utc_now()
+        rows = [
+            _fit(Message, _message_row(turn.conversation_id, turn.id, seq, result, now))
+            for seq, result in enumerate(
+                map(_interrupted, unanswered_calls(unfinished.messages)), start=first
+            )
+        ]
+        values = {"status": "interrupted", "error": error, "ended_at": now}
+        upsert = _upsert_message_statement(self._dialect)
+
+        def run(connection: Connection) -> None:
+            if rows:
+                connection.execute(upsert, rows)
+            _updater(Turn, turn.id, values)(connection)  # type: ignore[arg-type]
+
+        return self._call(run)
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -385,6 +491,12 @@ class Store:
 
 
 # -- units ----------------------------------------------------------------------------------------
+
+
+def _interrupted(call: dict[str, Any]) -> ToolResult:
+    made = ToolCall(call["id"], call["name"], call["arguments"])
+    text = INTERRUPTED_TOOL.format(name=call["name"])
+    return ToolResult(made, text, ToolStatus.INTERRUPTED)
 
 
 def _active_conversation(connection: Connection, place: str) -> Conversation | None:
@@ -475,6 +587,8 @@ def _state_values(state: TurnState) -> dict[str, Any]:
         "stop_reason": state.stop_reason,
         "error": state.error,
         "ended_at": state.ended_at,
+        "reply_ids": list(state.reply_ids) or None,
+        "delivery": state.delivery,
         **_usage_values(state.usage),
     }
 
@@ -580,13 +694,44 @@ def _claim_statement(dialect: str) -> Executable:
 
 
 @cache
-def _own_claim_statement() -> Executable:
+def _earlier_claim_statement() -> Executable:
+    """The row a redelivery collided with: its id, status, claim and how many turns took it."""
     table = InboundEvent.__table__  # type: ignore[attr-defined]
-    return select(table.c.id).where(
+    turns = Turn.__table__  # type: ignore[attr-defined]
+    taken = (
+        select(func.count(turns.c.id))
+        .where(turns.c.inbound_event_id == table.c.id)
+        .scalar_subquery()
+        .label("turns")
+    )
+    return select(table.c.id, table.c.status, table.c.claim, taken).where(
         table.c.platform == bindparam("platform"),
         table.c.platform_message_id == bindparam("platform_message_id"),
-        table.c.claim == bindparam("claim"),
     )
+
+
+@cache
+def _endings_statement() -> Executable:
+    turns = Turn.__table__  # type: ignore[attr-defined]
+    return select(turns.c.id, turns.c.status).where(turns.c.conversation_id == bindparam("id"))
+
+
+@cache
+def _place_statement() -> Executable:
+    table = Conversation.__table__  # type: ignore[attr-defined]
+    return select(table.c.place).where(table.c.id == bindparam("id"))
+
+
+@cache
+def _platform_id_statement() -> Executable:
+    table = InboundEvent.__table__  # type: ignore[attr-defined]
+    return select(table.c.platform_message_id).where(table.c.id == bindparam("id"))
+
+
+@cache
+def _of_turn_statement() -> Executable:
+    table = Message.__table__  # type: ignore[attr-defined]
+    return select(table).where(table.c.turn_id == bindparam("turn_id")).order_by(table.c.id)
 
 
 @cache
@@ -612,8 +757,8 @@ def _engine_for(url: str, settings: StoreSettings) -> Engine:
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError) as exc:
-        raise StoreError(
-            f"the database URL {shown} is not valid ({_first_line(exc)}); fix it in the variable "
+        raise StoreError(  # not shown: a URL that cannot be parsed cannot have its password hidden
+            f"the database URL is not valid ({_first_line(exc)}); fix it in the variable "
             "[storage].database_url_env names"
         ) from exc
     if parsed.get_backend_name() not in BACKENDS:
@@ -661,23 +806,6 @@ def not_awaited(call: Awaitable[Any], what: str) -> None:
             logger.warning("%s failed: %s", what, done.exception())
 
     asyncio.ensure_future(call).add_done_callback(log_failure)
-
-
-def message_wire(row: Message) -> dict[str, Any]:
-    """A stored message in the shape Ollama's chat endpoint takes."""
-    wire: dict[str, Any] = {"role": row.role, "content": row.text}
-    if row.tool_calls:
-        wire["tool_calls"] = [
-            {"function": {"name": call["name"], "arguments": call["arguments"]}}
-            for call in row.tool_calls
-        ]
-    if row.role == "tool" and row.tool_name:
-        wire["tool_name"] = row.tool_name
-    return wire
-
-
-def history_wire(rows: Sequence[Message]) -> list[dict[str, Any]]:
-    return [message_wire(row) for row in rows]
 
 
 def _shown(url: str) -> str:

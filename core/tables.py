@@ -2,7 +2,8 @@
 
 Times are stored as timezone-aware UTC. Tool calls are JSON so one message row can carry a whole
 batch in the order the model asked. A turn's `error` is for people and logs only: the history sent
-to the model is built from messages, never from turns, so an error text can't leak into context.
+to the model is built from messages (`core.history`), never from turns' texts, so an error text
+can't leak into context.
 
 A message's `seq` is its place within its turn (the person's message is 0): the key a reply is
 saved under again and again as it streams, so saving is an idempotent upsert that a replayed
@@ -63,6 +64,8 @@ class Turn(SQLModel, table=True):
     conversation_id: int = Field(foreign_key="conversations.id", index=True)
     inbound_event_id: int | None = Field(default=None, foreign_key="inbound_events.id", index=True)
     provenance: str = Field(max_length=20)
+    attempt: int = 1
+    """1, or 2 for the one run again after a restart interrupted it before it showed anything."""
     status: str = Field(max_length=20)
     stop_reason: str | None = Field(default=None, max_length=40)
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
@@ -70,6 +73,10 @@ class Turn(SQLModel, table=True):
     prompt_tokens: int = 0
     output_tokens: int = 0
     model_seconds: float = 0.0
+    reply_ids: list[str] | None = Field(default=None, sa_column=Column(JSON))
+    """The platform's ids of the messages the reply posted, so a restart can find them."""
+    delivery: str | None = Field(default=None, max_length=20)
+    """What the platform shows of the finished reply (`core.channel.Delivery`)."""
     started_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
     ended_at: datetime | None = Field(
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)

@@ -49,13 +49,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar
 
-from core.channel import Channel, Outcome, Reply
+from core.channel import Channel, Delivery, Outcome, Reply
 from core.errors import KaiwaError, StoreError
+from core.history import history_wire
 from core.loop import AgentLoop, ChatModel, LoopSettings
 from core.lru import PinnedLRU
 from core.pump import FramePump
 from core.recording import TurnRecorder
-from core.store import StartedTurn, Store, TurnStart, history_wire, not_awaited
+from core.store import StartedTurn, Store, TurnStart, not_awaited
 from core.tools import Tool
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ class TurnRequest:
     reply_to: str | None = None
     inbound_event_id: int | None = None
     images: tuple[bytes, ...] = ()
+    attempt: int = 1
+    """2 for a turn run again because a restart interrupted it before it showed anything."""
 
 
 @dataclass(frozen=True)
@@ -224,14 +227,25 @@ class TurnRunner:
             self._slots.unpin(place)
         return report
 
+    def handles(self, inbound_event_id: int) -> bool:
+        """Whether a live turn (queued or running) answers this recorded message."""
+        return any(turn.request.inbound_event_id == inbound_event_id for turn in self._live)
+
     async def shutdown(self) -> None:
-        """Invariant 7: stop every live turn, queued or running, and wait for each to finish."""
+        """Invariant 7: stop every live turn, queued or running, and wait for each to finish.
+        Turns still queued never start; their messages stay recorded, unanswered, and the next
+        start answers them (`core.recovery`)."""
         self.closing = True
         live = list(self._live)
+        queued = 0
         for turn in live:
             if turn in turn.slot.waiting:
-                self._drop_waiting(turn.slot)
+                queued += self._drop_waiting(turn.slot, reason="shutdown")
             turn.stop("shutdown")
+        if queued:
+            logger.warning(
+                "shutting down: %d queued messages will be answered at the next start", queued
+            )
         if not live:
             return
         tasks = [turn.task for turn in live]
@@ -275,6 +289,7 @@ class TurnRunner:
             recorder.save_partial,
             channel.traits.frame_interval,
             name=f"frames {request.place}",
+            shown=lambda: recorder.note_posted(reply.posted),
         )
         recorder.on_change = pump.poke
         loop = AgentLoop(
@@ -306,7 +321,21 @@ class TurnRunner:
         self._log_turn(request, outcome, recorder, time.monotonic() - began)
         # ... then the notice, which a second cancellation may cut short without losing anything.
         await self._notify(pump, reply, text, outcome, note)
+        self._note_delivery(request, recorder, reply)
         return TurnResult(outcome.value, text, note, recorder.turn_id)
+
+    def _note_delivery(self, request: TurnRequest, recorder: TurnRecorder, reply: Reply) -> None:
+        """A reply the platform does not show in full is said in the log and the store."""
+        if reply.delivery is Delivery.SHOWN:
+            return
+        shows = "nothing" if reply.delivery is Delivery.NOTHING else "an older text"
+        logger.warning(
+            "turn %s in %s: the platform shows %s of the reply; the store has it all",
+            recorder.turn_id,
+            request.place,
+            shows,
+        )
+        recorder.delivered(reply.posted, reply.delivery.value)
 
     async def _run_loop(
         self,
@@ -334,10 +363,12 @@ class TurnRunner:
         the store the first time (a conversation that does not exist yet starts with the
         agent's system prompt, with which it will be opened)."""
         if slot.messages is None:
-            conversation, rows = await self._store.conversation_of(slot.place)
+            stored = await self._store.conversation_of(slot.place)
+            conversation = stored.conversation
             prompt = conversation.system_prompt if conversation else agent.system_prompt
             slot.conversation_id = conversation.id if conversation else None
-            slot.messages = [{"role": "system", "content": prompt}, *history_wire(rows)]
+            history = history_wire(stored.messages, stored.endings)
+            slot.messages = [{"role": "system", "content": prompt}, *history]
         return slot.messages
 
     def _turn_start(self, slot: _Slot, request: TurnRequest) -> TurnStart:
@@ -351,6 +382,7 @@ class TurnRunner:
             author=request.author,
             inbound_event_id=request.inbound_event_id,
             conversation_id=slot.conversation_id,
+            attempt=request.attempt,
         )
 
     async def _not_started(
@@ -405,14 +437,16 @@ class TurnRunner:
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
-    def _drop_waiting(self, slot: _Slot) -> int:
+    def _drop_waiting(self, slot: _Slot, reason: str = "dropped") -> int:
+        """End the turns queued in `slot` before they start. A `/stop` marks their messages
+        dropped; a shutdown leaves them recorded for the next start to answer."""
         dropped = list(slot.waiting)
         slot.waiting.clear()
         for turn in dropped:
-            if turn.request.inbound_event_id is not None:
+            if reason == "dropped" and turn.request.inbound_event_id is not None:
                 marking = self._store.mark_inbound(turn.request.inbound_event_id, "dropped")
                 not_awaited(marking, "marking a dropped message")
-            turn.stop("dropped")
+            turn.stop(reason)
         return len(dropped)
 
     def _release(self, turn: _Turn) -> None:

@@ -213,13 +213,16 @@ def test_parse_command() -> None:
     assert parse_command("/ 42") is None
 
 
-async def test_a_message_during_shutdown_is_left_for_redelivery(bot: Bot) -> None:
+async def test_a_message_during_shutdown_is_kept_for_the_next_start(bot: Bot) -> None:
+    """Regression: it was dropped unrecorded, and a platform that does not redeliver (Discord,
+    the terminal) lost it; now the next start answers it (`core.recovery`)."""
     await bot.runner.shutdown()
 
     await bot.send("too late", message_id="late")
 
-    assert await bot.store.inbound_status("test", "late") is None, "a redelivery will be answered"
     assert bot.channel.replies == []
+    (kept,) = await bot.store.unanswered_messages()
+    assert (kept.platform_message_id, kept.text) == ("late", "too late")
 
 
 async def test_an_image_for_a_model_that_cannot_see_is_explained(bot: Bot) -> None:

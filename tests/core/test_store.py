@@ -13,16 +13,15 @@ from sqlalchemy import create_engine, text
 from sqlmodel import SQLModel
 
 from core.errors import StoreError
+from core.history import history_wire
 from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, Usage, UsageTotals
 from core.schema import MIGRATIONS, SCHEMA_HEAD
 from core.store import (
-    INTERRUPTED,
     Inbound,
     Store,
     StoreSettings,
     TurnStart,
     TurnState,
-    history_wire,
 )
 from core.tables import utc_now
 
@@ -72,10 +71,33 @@ async def test_reopening_a_migrated_database_keeps_rows(database_url: str) -> No
 
 
 async def test_inbound_events_are_unique_per_platform(any_store: Store) -> None:
-    assert await any_store.claim_inbound(Inbound("telegram", "1", "telegram:5", "hi")) is not None
-    assert await any_store.claim_inbound(Inbound("telegram", "1", "telegram:5", "hi")) is None
-    assert await any_store.claim_inbound(Inbound("slack", "1", "slack:x", "hi")) is not None
-    assert await any_store.inbound_status("telegram", "1") == "received"
+    first = await any_store.claim_inbound(
+        Inbound("telegram", "1", "telegram:5", "hi", "ann", "turn")
+    )
+    again = await any_store.claim_inbound(Inbound("telegram", "1", "telegram:5", "hi"))
+    other = await any_store.claim_inbound(Inbound("slack", "1", "slack:x", "hi"))
+    assert first.fresh and other.fresh and first.event_id != other.event_id
+    assert (again.fresh, again.event_id) == (False, first.event_id)
+    assert await any_store.inbound_status("telegram", "1") == "turn"
+
+
+async def test_a_redelivery_of_a_message_no_turn_took_up_can_be_taken_over_once(
+    any_store: Store,
+) -> None:
+    first = await any_store.claim_inbound(Inbound("t", "1", "t:5", "hi", "ann", "turn"))
+    again = await any_store.claim_inbound(Inbound("t", "1", "t:5", "hi"))
+    assert (again.fresh, again.answered) == (False, False)
+    assert await any_store.unanswered_messages() != []
+
+    assert await any_store.take_over(again.event_id, again.token)
+    assert not await any_store.take_over(again.event_id, again.token), "one taker wins"
+    start = TurnStart(
+        "t:5", "assistant", "System.", "person", "hi", inbound_event_id=first.event_id
+    )
+    await any_store.start_turn(start)
+    later = await any_store.claim_inbound(Inbound("t", "1", "t:5", "hi"))
+    assert later.answered, "a turn took it up"
+    assert await any_store.unanswered_messages() == []
 
 
 async def test_a_conversation_round_trip(any_store: Store) -> None:
@@ -108,7 +130,10 @@ async def test_a_conversation_round_trip(any_store: Store) -> None:
             ],
         },
         {"role": "tool", "content": "noon", "tool_name": "current_time"},
-        {"role": "assistant", "content": "It is noon"},
+        {
+            "role": "assistant",
+            "content": "It is noon\n\n[This reply was cut off here: the person stopped it.]",
+        },
     ]
     last = (await any_store.history(conversation_id))[-1]
     assert (last.partial, last.stopped, last.thinking) == (True, True, "")
@@ -150,11 +175,36 @@ async def test_turns_left_running_by_a_dead_process_are_marked_interrupted(
     done = TurnState("done", ended_at=utc_now())
     await any_store.record_turn(finished.conversation_id, finished.turn_id, state=done)
 
-    assert await any_store.close_interrupted_turns() == 1
+    (unfinished,) = await any_store.unfinished_turns()
+    assert unfinished.turn.id == crashed.turn_id
+    assert [m.text for m in unfinished.messages] == ["hi"]
+    await any_store.close_interrupted(unfinished, "the process ended")
 
     turn = await any_store.turn(crashed.turn_id)
-    assert (turn.status, turn.error) == ("interrupted", INTERRUPTED)
+    assert (turn.status, turn.error) == ("interrupted", "the process ended")
     assert (await any_store.turn(finished.turn_id)).status == "done"
+    assert await any_store.unfinished_turns() == []
+
+
+async def test_closing_an_interrupted_turn_answers_its_tool_calls(any_store: Store) -> None:
+    started = await any_store.start_turn(TurnStart("t:p", "a", "S.", "person", "search"))
+    calls = (ToolCall("c1", "search", {"q": "x"}), ToolCall("c2", "fetch", {}))
+    asked = AssistantMessage("Looking.", tool_calls=calls)
+    done = ToolResult(calls[0], "found", ToolStatus.OK)
+    conversation = started.conversation_id
+    await any_store.record_turn(conversation, started.turn_id, messages=[(1, asked), (2, done)])
+    (unfinished,) = await any_store.unfinished_turns()
+
+    await any_store.close_interrupted(unfinished, "the process ended")
+
+    rows = await any_store.history(conversation)
+    assert [(r.role, r.tool_call_id, r.tool_status) for r in rows] == [
+        ("user", None, None),
+        ("assistant", None, None),
+        ("tool", "c1", "ok"),
+        ("tool", "c2", "interrupted"),
+    ]
+    assert "Kaiwa restarted while 'fetch' was running" in rows[-1].text
 
 
 async def test_an_unreachable_database_is_one_clear_error_without_the_password() -> None:

@@ -1,0 +1,178 @@
+"""Start-up: whatever a dead process left half done is resolved in its place, once.
+
+A process can die at any instruction (kill -9, an out-of-memory kill, a power loss), and a
+shutdown may leave messages queued. Nobody may be left with a reply that looks alive forever, or
+with a message that is never answered. So before the channels start, the store is asked what an
+earlier process left (`leftovers`); once a place's channel is connected, each is resolved there
+(`Recovery.resolve`):
+
+- A turn left `running` is closed in the store first (`interrupted`; a tool call without a
+  result gets one, so the stored history is well-formed), then:
+  - if its reply had posted messages, the reply is taken up again and ends with "(interrupted by
+    a restart)";
+  - else, if it ran no tool and was a first attempt, its message is run again, once (a second
+    attempt is never run again: a message that crashes Kaiwa cannot make it crash forever);
+  - else the person is told that the message was not finished and should be sent again.
+- A message recorded for a turn that never started (a crash between the two, or a shutdown with
+  messages queued) is answered, oldest first. It is taken over by its claim first, so a
+  redelivery of the same message racing it is answered once (`core.dispatcher`).
+
+Records before notices (invariant 5 in `core.turns`): a turn is closed in the store before its
+place hears of it.
+"""
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+
+from core.channel import Channel, Outcome
+from core.store import Store, Unfinished
+from core.tables import InboundEvent
+from core.turns import Provenance, TurnRequest, TurnRunner
+
+logger = logging.getLogger(__name__)
+
+INTERRUPTED = "Kaiwa stopped before this turn finished (the process ended without a shutdown)"
+EXCERPT_CHARS = 60
+CONNECT_WAIT_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    """What an earlier process left: turns still `running`, messages no turn took up."""
+
+    turns: list[Unfinished] = field(default_factory=list)
+    messages: list[InboundEvent] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.turns or self.messages)
+
+
+async def leftovers(store: Store) -> Leftovers:
+    """Read before anything of this process runs: all that is running then is left over."""
+    return Leftovers(await store.unfinished_turns(), await store.unanswered_messages())
+
+
+class Recovery:
+    def __init__(self, store: Store, runner: TurnRunner, channels: Mapping[str, Channel]) -> None:
+        self._store = store
+        self._runner = runner
+        self._channels = channels
+
+    async def resolve(self, left: Leftovers) -> None:
+        """Resolve every leftover, each platform's once its channel is connected (a platform
+        that is no longer configured gets its turns closed in the store, and a line in the log).
+        Never raises: a leftover that cannot be resolved is logged and the rest go on."""
+        for unfinished in left.turns:
+            await self._guarded(self._close(unfinished), f"closing turn {unfinished.turn.id}")
+        platforms = {_platform(each.place) for each in left.turns} | {
+            each.platform for each in left.messages
+        }
+        await asyncio.gather(*(self._resolve_on(platform, left) for platform in platforms))
+
+    async def _resolve_on(self, platform: str, left: Leftovers) -> None:
+        channel = self._channels.get(platform)
+        turns = [each for each in left.turns if _platform(each.place) == platform]
+        messages = [each for each in left.messages if each.platform == platform]
+        if channel is None:
+            logger.warning(
+                "%d interrupted turns and %d unanswered messages on %s, which is not running; "
+                "they stay as they are",
+                len(turns),
+                len(messages),
+                platform,
+            )
+            return
+        try:
+            await asyncio.wait_for(channel.connected.wait(), CONNECT_WAIT_SECONDS)
+        except TimeoutError:
+            logger.warning("%s did not connect; its interrupted replies stay as they are", platform)
+            return
+        for unfinished in turns:
+            await self._guarded(self._tell(channel, unfinished), f"turn {unfinished.turn.id}")
+        for message in messages:
+            await self._guarded(self._answer(message), f"message {message.id}")
+
+    async def _close(self, unfinished: Unfinished) -> None:
+        await self._store.close_interrupted(unfinished, INTERRUPTED)
+
+    async def _tell(self, channel: Channel, unfinished: Unfinished) -> None:
+        """Show the person what became of the turn: the reply marked, the message run again,
+        or a request to send it again."""
+        turn, place = unfinished.turn, unfinished.place
+        said = _said(unfinished)
+        if turn.reply_ids:
+            reply = channel.open_reply(place, None, posted=turn.reply_ids)
+            await reply.finish(said, Outcome.INTERRUPTED, None)
+            logger.info("turn %s in %s: its reply is marked interrupted", turn.id, place)
+        elif _may_run_again(unfinished):
+            self._runner.submit(_again(unfinished))
+            logger.info("turn %s in %s: its message is run again", turn.id, place)
+        else:
+            asked = _excerpt(unfinished.messages[0].text if unfinished.messages else "")
+            await channel.notify(
+                place,
+                f"I was restarted before I could finish answering {asked}. Please send it again.",
+            )
+            logger.info("turn %s in %s: the person is asked to send it again", turn.id, place)
+
+    async def _answer(self, message: InboundEvent) -> None:
+        assert message.id is not None
+        if not await self._store.take_over(message.id, message.claim or ""):
+            return  # a redelivery of it came first and is being answered
+        self._runner.submit(
+            TurnRequest(
+                platform=message.platform,
+                place=message.place,
+                text=message.text or "",
+                author=message.author,
+                reply_to=message.platform_message_id,
+                inbound_event_id=message.id,
+            )
+        )
+        logger.info("a message recorded before the restart is answered now (%s)", message.place)
+
+    async def _guarded(self, step: Awaitable[None], what: str) -> None:
+        try:
+            await step
+        except Exception:
+            logger.exception("recovering after a restart: %s failed", what)
+
+
+def _may_run_again(unfinished: Unfinished) -> bool:
+    """Nothing shown (checked by the caller), no tool asked for (so running it again repeats
+    no side effect), a person's message, and not itself a second attempt."""
+    asked_for_tools = any(
+        message.role == "assistant" and message.tool_calls for message in unfinished.messages
+    )
+    return unfinished.turn.attempt == 1 and unfinished.reply_to is not None and not asked_for_tools
+
+
+def _again(unfinished: Unfinished) -> TurnRequest:
+    first = unfinished.messages[0]
+    return TurnRequest(
+        platform=_platform(unfinished.place),
+        place=unfinished.place,
+        text=first.text,
+        provenance=Provenance(unfinished.turn.provenance),
+        author=first.author,
+        reply_to=unfinished.reply_to,
+        inbound_event_id=unfinished.turn.inbound_event_id,
+        attempt=2,
+    )
+
+
+def _said(unfinished: Unfinished) -> str:
+    """The reply's text as it was displayed: its assistant messages' text, joined."""
+    texts = [m.text for m in unfinished.messages if m.role == "assistant" and m.text]
+    return "\n\n".join(texts)
+
+
+def _excerpt(text: str) -> str:
+    flat = " ".join(text.split())
+    return f"“{flat[:EXCERPT_CHARS]}…”" if len(flat) > EXCERPT_CHARS else f"“{flat}”"
+
+
+def _platform(place: str) -> str:
+    return place.split(":", 1)[0]
