@@ -1,7 +1,8 @@
 """Wiring: builds every long-lived part from the config, runs the channels, shuts down in order.
 
 Start and stop are pairs, in reverse order of each other:
-  model client → (checks) → store → runner, dispatcher → channels
+  model client → (checks) → store (what an earlier process left is read) → runner, dispatcher
+  → channels (each supervised: restarted when it fails) → recovery of the leftovers
   channels stop reading → every live turn is stopped and stores its partial state → store
   closes (its queued writes first) → model client closes.
 Platform libraries are imported only when their channel is configured, so a terminal-only start
@@ -19,11 +20,13 @@ from typing import Protocol, TextIO
 from bot.checks import find_problems
 from bot.config import Config
 from bot.logs import setup_logging
+from bot.supervision import Supervised
 from channels.settings import DiscordSettings, SlackSettings
 from channels.terminal import TerminalChannel, stdin_lines
 from core.channel import Channel
 from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.model import ModelClient
+from core.recovery import Leftovers, Recovery, leftovers
 from core.store import Store
 from core.tools import ToolRegistry, builtin_tools
 from core.turns import AgentProfile, TurnRunner, TurnSettings
@@ -31,6 +34,7 @@ from core.turns import AgentProfile, TurnRunner, TurnSettings
 logger = logging.getLogger(__name__)
 
 CHANNEL_STOP_SECONDS = 10.0
+CONNECT_ANNOUNCE_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -91,9 +95,12 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
     return 1 if problems else 0
 
 
-async def run(config: Config, stop_requested: asyncio.Event, terminal: TerminalIO) -> int:
-    """`kaiwa run`: check, start the channels, serve until input ends or a stop is requested."""
-    setup_logging(config.logging, config.data_dir, config.secrets())
+async def run(
+    config: Config, stop_requested: asyncio.Event, terminal: TerminalIO, *, debug: bool = False
+) -> int:
+    """`kaiwa run`: check, start the channels, serve until input ends or a stop is requested.
+    Returns the exit status: 0, or 1 when a problem stopped Kaiwa."""
+    setup_logging(config.logging, config.data_dir, config.secrets(), debug=debug)
     settings = turn_settings(config)
     model = ModelClient(config.ollama)
     adapters = _adapters(config, terminal)
@@ -107,19 +114,14 @@ async def run(config: Config, stop_requested: asyncio.Event, terminal: TerminalI
         store = await Store.open(config.database_url(), config.storage.store_settings())
         try:
             logger.info("store: %s", await store.describe())
-            interrupted = await store.close_interrupted_turns()
-            if interrupted:
-                logger.warning(
-                    "marked %d turns left running by an earlier process interrupted", interrupted
-                )
-            await _serve(config, store, model, settings, adapters, stop_requested)
+            left = await leftovers(store)  # before anything of this process runs
+            return await _serve(config, store, model, settings, adapters, stop_requested, left)
         finally:
             await store.close()
     finally:
         for adapter in adapters:
             await adapter.close()
         await model.close()
-    return 0
 
 
 async def _serve(
@@ -129,9 +131,12 @@ async def _serve(
     settings: TurnSettings,
     adapters: list[Adapter],
     stop_requested: asyncio.Event,
-) -> None:
-    """Run every channel until one ends or a stop is requested; then stop receiving, let every
-    turn finish its last edit (invariant 7), and only then let the caller close the channels."""
+    left: Leftovers,
+) -> int:
+    """Run every channel (a failing one is restarted, `bot.supervision`) until one ends by
+    itself, one needs a person, or a stop is requested; meanwhile resolve what an earlier
+    process left. Then stop receiving, let every turn finish its last edit (invariant 7), and
+    only then let the caller close the channels."""
     channels = {adapter.platform: adapter for adapter in adapters}
     runner = TurnRunner(store, model, channels, settings)
     dispatcher = Dispatcher(
@@ -141,26 +146,35 @@ async def _serve(
         access_rules(config),
         max_message_chars=config.limits.max_message_chars,
     )
-    readers = [
-        asyncio.create_task(adapter.run(dispatcher.handle), name=f"channel {adapter.platform}")
-        for adapter in adapters
+    supervised = [Supervised(adapter, dispatcher.handle) for adapter in adapters]
+    running = [
+        asyncio.create_task(each.run(), name=f"channel {each.channel.platform}")
+        for each in supervised
     ]
     stop_wait = asyncio.create_task(stop_requested.wait(), name="stop requested")
-    _announce_ready(adapters, settings)
+    recovering = asyncio.create_task(
+        Recovery(store, runner, channels).resolve(left), name="recovering after a restart"
+    )
+    announcing = asyncio.create_task(_announce_ready(adapters, settings), name="start line")
+    status = 0
     try:
-        done, _ = await asyncio.wait([*readers, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait([*running, stop_wait], return_when=asyncio.FIRST_COMPLETED)
         for task in done - {stop_wait}:
-            if not task.cancelled() and task.exception() is not None:
-                logger.error("%s failed: %s", task.get_name(), task.exception())
-                sys.stderr.write(f"kaiwa: {task.get_name()} failed: {task.exception()}\n")
+            ended = task.result()
+            if ended.error is not None:
+                logger.error("stopping: %s: %s", ended.platform, ended.error)
+                sys.stderr.write(f"kaiwa: stopping: {ended.platform}: {ended.error}\n")
+                status = 1
     finally:
-        for adapter in adapters:
-            await adapter.stop_receiving()
-        _, stuck = await asyncio.wait([*readers, stop_wait], timeout=CHANNEL_STOP_SECONDS)
-        for task in stuck:
+        for each in supervised:
+            await each.stop()
+        stop_wait.cancel()
+        _, stuck = await asyncio.wait(running, timeout=CHANNEL_STOP_SECONDS)
+        for task in [*stuck, recovering, announcing]:
             task.cancel()
-        await asyncio.gather(*readers, stop_wait, return_exceptions=True)
+        await asyncio.gather(*running, stop_wait, recovering, announcing, return_exceptions=True)
         await runner.shutdown()
+    return status
 
 
 def access_rules(config: Config) -> AccessRules:
@@ -195,15 +209,33 @@ def _ids(ids: Sequence[int | str]) -> frozenset[str]:
     return frozenset(map(str, ids))
 
 
-def _announce_ready(adapters: list[Adapter], settings: TurnSettings) -> None:
-    names = ", ".join(adapter.platform for adapter in adapters)
-    logger.info("ready: %s on %s; channels: %s", settings.agent.name, settings.agent.model, names)
+async def _announce_ready(adapters: list[Adapter], settings: TurnSettings) -> None:
+    """The terminal's banner at once; then the start line, once every channel has connected
+    or had a while to (naming those still trying, and why)."""
     for adapter in adapters:
         if isinstance(adapter, TerminalChannel):
             adapter.say(
                 f"Kaiwa is ready: {settings.agent.name} on {settings.agent.model}. "
                 "Type a message; /help lists commands; Ctrl-D quits."
             )
+    waits = [asyncio.ensure_future(adapter.connected.wait()) for adapter in adapters]
+    if waits:
+        await asyncio.wait(waits, timeout=CONNECT_ANNOUNCE_SECONDS)
+    for wait in waits:
+        wait.cancel()
+    connected = [a.platform for a in adapters if a.connected.is_set()]
+    trying = [
+        f"{a.platform} ({a.problem or 'connecting'})" for a in adapters if not a.connected.is_set()
+    ]
+    logger.info(
+        "ready: %s on %s; channels connected: %s%s",
+        settings.agent.name,
+        settings.agent.model,
+        ", ".join(connected) or "none",
+        f"; still trying: {', '.join(trying)}" if trying else "",
+    )
+    for line in trying:
+        logger.warning("not connected yet: %s", line)
 
 
 def _adapters(config: Config, terminal: TerminalIO) -> list[Adapter]:

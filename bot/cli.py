@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check":
             return asyncio.run(app.check(config))
-        return asyncio.run(_run(config))
+        return asyncio.run(_run(config, debug=args.debug))
     except ConfigError as exc:
         print(f"kaiwa: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -36,9 +36,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # one line for a person; the traceback with --debug
+        if args.debug:
+            raise
+        print(
+            f"kaiwa: stopped by an unexpected error ({type(exc).__name__}: {exc}); run with "
+            "--debug to see where",
+            file=sys.stderr,
+        )
+        return 1
 
 
-async def _run(config: "Config") -> int:
+async def _run(config: "Config", *, debug: bool) -> int:
     from bot import app
 
     stop_requested = asyncio.Event()
@@ -51,7 +60,7 @@ async def _run(config: "Config") -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal)
-    return await app.run(config, stop_requested, app.TerminalIO())
+    return await app.run(config, stop_requested, app.TerminalIO(), debug=debug)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,7 +71,10 @@ def _parser() -> argparse.ArgumentParser:
         "else the embedded defaults.",
     )
     parser.add_argument("--config", metavar="PATH", help="the configuration file to use")
+    debug_help = "DEBUG lines on stderr, and the traceback of an unexpected error"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands.add_parser("run", help="start the configured channels (the default)")
+    running = commands.add_parser("run", help="start the configured channels (the default)")
+    running.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     commands.add_parser("check", help="check that Ollama is reachable and the models are pulled")
     return parser

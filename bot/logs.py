@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bot.config import LoggingConfig
+from core.errors import ConfigError
 
 REDACTED = "[redacted]"
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -29,15 +30,25 @@ class RedactingFormatter(logging.Formatter):
         return line
 
 
-def setup_logging(config: LoggingConfig, data_dir: Path, secrets: Iterable[str]) -> None:
+def setup_logging(
+    config: LoggingConfig, data_dir: Path, secrets: Iterable[str], *, debug: bool = False
+) -> None:
+    """The file log in `data_dir` and stderr; `debug` sends DEBUG lines to stderr too. A folder
+    Kaiwa may not write is a `ConfigError` naming the setting."""
     formatter = RedactingFormatter(secrets)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    to_file = logging.handlers.RotatingFileHandler(
-        data_dir / config.file, maxBytes=config.max_bytes, backupCount=config.backups
-    )
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        to_file = logging.handlers.RotatingFileHandler(
+            data_dir / config.file, maxBytes=config.max_bytes, backupCount=config.backups
+        )
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the log {data_dir / config.file} ({exc.strerror or exc}); set "
+            "[storage].data_dir to a folder Kaiwa may write"
+        ) from exc
     to_file.setLevel(config.level.upper())
     to_stderr = logging.StreamHandler(sys.stderr)
-    to_stderr.setLevel(config.stderr_level.upper())
+    to_stderr.setLevel("DEBUG" if debug else config.stderr_level.upper())
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)

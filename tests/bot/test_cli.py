@@ -241,3 +241,32 @@ async def test_a_missing_discord_intent_stops_the_start_with_the_fix(
     ) in err.splitlines()
     assert "Traceback" not in err and "PyNaCl" not in err
     assert DISCORD_TOKEN not in out + err
+
+
+async def test_a_data_folder_kaiwa_cannot_write_is_one_line(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    (tmp_path / "a-file").write_text("not a folder")
+    config = write_config(tmp_path, ollama.url)
+    config.write_text(config.read_text().replace('data_dir = "state"', 'data_dir = "a-file/state"'))
+
+    code, _, err = await finish(await kaiwa("--config", str(config), "run"))
+
+    assert code == 2
+    (line,) = err.splitlines()
+    assert line.startswith(f"kaiwa: configuration error: cannot write the log {tmp_path}")
+    assert line.endswith("set [storage].data_dir to a folder Kaiwa may write")
+
+
+async def test_a_mistyped_database_port_is_one_line(ollama: FakeOllama, tmp_path: Path) -> None:
+    url = "postgresql+psycopg://kaiwa:hunter2@127.0.0.1:54x2/kaiwa"
+    config = write_config(tmp_path, ollama.url)
+
+    code, _, err = await finish(
+        await kaiwa("--config", str(config), "run", env={"KAIWA_DATABASE_URL": url})
+    )
+
+    assert code == 1
+    (line,) = [line for line in err.splitlines() if line.startswith("kaiwa:")]
+    assert line.startswith("kaiwa: cannot start: the database URL is not valid (")
+    assert "Traceback" not in err and "hunter2" not in err
