@@ -39,6 +39,14 @@ tests/core/test_turns.py unless named otherwise):
    a reply shown but not stored. `test_a_reply_that_cannot_be_saved_ends_failed_and_is_marked_
    once_the_database_is_back` and `test_a_message_that_cannot_be_recorded_asks_to_be_sent_again`
    in tests/core/test_outages.py.
+9. **A message gets one answer, never two and never none.** Its inbox record comes first; a
+   redelivery is a duplicate unless no turn ever took the message up, and then one taker wins
+   its claim (`core.dispatcher`); a shutdown leaves queued messages recorded, and the next start
+   answers them, runs once again a turn a crash cut before it showed anything, or tells the
+   person (`core.recovery`). Prevents a person answered twice after a redelivery, or waiting
+   forever after a crash. `test_a_redelivery_that_comes_before_recovery_is_answered_once` and
+   `test_messages_queued_at_shutdown_are_answered_at_the_next_start` in
+   tests/core/test_recovery.py.
 """
 
 import asyncio
