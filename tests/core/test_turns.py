@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from core.channel import Outcome
+from core.channel import Delivery, Outcome
 from core.messages import ToolStatus
 from core.store import Store
 from core.tools import tool
@@ -436,3 +436,28 @@ async def test_history_and_system_prompt_survive_a_restart(
         ("assistant", "Nice to meet you, Ann."),
         ("user", "who am I?"),
     ]
+
+
+@pytest.mark.parametrize("shows", [Delivery.STALE, Delivery.NOTHING])
+async def test_a_reply_the_platform_does_not_show_in_full_is_recorded_so(
+    make_bot: BotFactory, shows: Delivery
+) -> None:
+    bot = make_bot(channel=RecordingChannel(shows=shows))
+    bot.ollama.script(Text("All of it."))
+
+    await bot.send("hi")
+    await bot.channel.finished()  # the turn queues what the platform shows as it finishes
+
+    (turn,) = await bot.turns()  # a read queued after it, on SQLite's one database thread
+    assert (turn.status, turn.delivery) == ("done", shows.value)
+    assert await bot.assistant_text() == "All of it.", "the store has it all"
+
+
+async def test_a_message_with_nothing_to_read_gets_a_hint_not_a_turn(bot: Bot) -> None:
+    """Regression: a bare mention sent an empty message to the model."""
+    await bot.send("   ")
+
+    assert bot.channel.notices_in(PLACE) == [
+        "Ask me something: I read text, so write your question as a message."
+    ]
+    assert bot.ollama.requests == []

@@ -44,6 +44,7 @@ class RecordingChannel:
         frame_interval: float = 0.0,
         hold_finish: bool = False,
         hold_update: bool = False,
+        shows: Delivery = Delivery.SHOWN,
     ) -> None:
         self.platform = platform
         self.traits = ChannelTraits(frame_interval=frame_interval)
@@ -56,6 +57,8 @@ class RecordingChannel:
         self.updating = asyncio.Event()
         self._update_gate = asyncio.Event()
         self.calls: list[str] = []
+        self.shows = shows
+        """What every finished reply reports the platform shows (`Reply.delivery`)."""
         self._changes = Changes()
         self.connected = asyncio.Event()
         self.connected.set()
@@ -125,6 +128,6 @@ class _Reply:
             self._channel.finishing.set()
             await self._channel._finish_gate.wait()
         self.recorded.text, self.recorded.outcome, self.recorded.note = text, outcome, note
-        self.delivery = Delivery.SHOWN
+        self.delivery = self._channel.shows
         self._channel.calls.append("finish")
         self._channel.changed()
