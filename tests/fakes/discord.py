@@ -11,8 +11,13 @@ discord.py has no per-client URL options; its seams are two process-wide class a
   ``Authorization: Bot <token>``. JSON answers carry ``Content-Type: application/json`` exactly:
   discord.py parses a body only on that exact header, so ``web.json_response`` (which appends
   ``; charset=utf-8``) would hand it strings. Errors are Discord's ``{"message", "code"}``; a
-  scripted 429 (``fail_next``) carries ``Via`` and a JSON ``retry_after``, without which
-  discord.py takes a 429 for a Cloudflare ban and does not retry.
+  scripted 429 (``fail_next``) carries a JSON ``retry_after`` and, as Discord does, ``Via``
+  (``via=False`` leaves it out: discord.py then takes the 429 for a Cloudflare ban and does not
+  retry), whole-second ``Retry-After`` and, for a bucket's limit, the ``X-RateLimit-*`` headers
+  (``Reset-After`` to the millisecond), or for ``scope="global"`` ``X-RateLimit-Global``.
+  ``answer_without`` answers a route without a field (a message without its ``id``); ``holds``
+  keeps answers waiting on a condition (by route, e.g. ``"POST /channels/{channel}/typing"``)
+  and counts requests in flight and requests abandoned by the client.
 - ``/gateway/`` (``DEFAULT_GATEWAY``) and ``/resume/`` (READY's ``resume_gateway_url``): the
   gateway websocket. HELLO, heartbeat ACKs, IDENTIFY → READY + GUILD_CREATE, RESUME → the missed
   dispatches then RESUMED, RECONNECT, INVALID_SESSION and an abrupt drop are all real. Frames are
@@ -51,6 +56,7 @@ import contextlib
 import inspect
 import itertools
 import json
+import math
 import struct
 import time
 import warnings
@@ -65,6 +71,7 @@ import yarl
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from tests.fakes.changes import Changes
+from tests.fakes.holds import Holds
 
 with warnings.catch_warnings():
     # discord.py imports audioop, deprecated since 3.11; pytest turns warnings into errors
@@ -149,6 +156,8 @@ class Frame:
 class _Failure:
     status: int
     retry_after: float
+    via: bool = True
+    scope: str = "user"
 
 
 @dataclass
@@ -256,6 +265,9 @@ class FakeDiscord:
         self._sockets: list[_Socket] = []
         self._live: _Socket | None = None
         self._changes = Changes()  # notified on each call, frame, dispatch and connection
+        self.holds = Holds(self._changes)
+        """Held answers, requests in flight and abandoned ones, by route ("POST /channels/...")."""
+        self._without: dict[tuple[str, str], str] = {}  # (method, path prefix) -> field left out
         self._wake = asyncio.Event()  # wakes the writer
         self._runner: web.AppRunner | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -631,15 +643,23 @@ class FakeDiscord:
         status: int = 429,
         retry_after: float = 0.2,
         times: int = 1,
+        via: bool = True,
+        scope: str = "user",
     ) -> None:
         """Refuse the next ``times`` requests ``method path_prefix...``: 429 is Discord's rate
-        limit (``Via`` header, JSON ``retry_after``), which discord.py sleeps out and retries;
-        any other status answers ``{"message", "code": 0}``. Use a 4xx for fast error tests:
-        discord.py retries 500/502/504 with sleeps of 1, 3, 5... seconds."""
+        limit (JSON ``retry_after``; with ``Via``, which discord.py sleeps out and retries up to
+        five times, or without, which it raises at once; ``scope`` "user", "shared" or
+        "global"); any other status answers ``{"message", "code": 0}``. Use a 4xx for fast
+        error tests: discord.py retries 500/502/504 with sleeps of 1, 3, 5... seconds."""
         if times < 1:
             raise ValueError(f"times must be at least 1, got {times}")
         failures = self._failures.setdefault((method.upper(), path_prefix), deque())
-        failures.extend([_Failure(status, retry_after)] * times)
+        failures.extend([_Failure(status, retry_after, via, scope)] * times)
+
+    def answer_without(self, method: str, path_prefix: str, key: str) -> None:
+        """From now on answer ``method path_prefix...`` as usual (it takes effect) but leave
+        ``key`` out of the JSON answer."""
+        self._without[(method.upper(), path_prefix)] = key
 
     # --- REST ---
 
@@ -660,10 +680,12 @@ class FakeDiscord:
             if failure is not None:
                 status = failure.status
                 return self._failure_response(failure)
-            handler, params = self._route(request.method, path)
+            route, handler, params = self._route(request.method, path)
             if "query" in inspect.signature(handler).parameters:
                 params["query"] = dict(request.query)
-            result = await handler(body, **params)
+            async with self.holds.answering(request, route, params):
+                result = await handler(body, **params)
+            result = self._answered_without(request.method, path, result)
             if result is None:
                 status = 204
                 return web.Response(status=204)
@@ -698,19 +720,15 @@ class FakeDiscord:
                 return failures.popleft()
         return None
 
+    def _answered_without(self, method: str, path: str, result: Any) -> Any:
+        for (m, prefix), left_out in self._without.items():
+            if m == method and path.startswith(prefix) and isinstance(result, dict):
+                return {k: v for k, v in result.items() if k != left_out}
+        return result
+
     def _failure_response(self, failure: _Failure) -> web.Response:
         if failure.status == 429:
-            body = {
-                "message": "You are being rate limited.",
-                "retry_after": failure.retry_after,
-                "global": False,
-            }
-            headers = {
-                "Via": "1.1 google",
-                "Retry-After": str(max(1, round(failure.retry_after))),
-                "X-RateLimit-Scope": "user",
-            }
-            return _json_response(body, status=429, headers=headers)
+            return self._rate_limited(failure)
         messages = {
             400: "400: Bad Request",
             401: "401: Unauthorized",
@@ -720,7 +738,31 @@ class FakeDiscord:
         message = messages.get(failure.status, f"{failure.status}: Error")
         return _json_response({"message": message, "code": 0}, status=failure.status)
 
-    def _route(self, method: str, path: str) -> tuple[Callable[..., Awaitable[Any]], _Json]:
+    @staticmethod
+    def _rate_limited(failure: _Failure) -> web.Response:
+        """A 429 as Discord sends it: the bucket's headers, or the global limit's."""
+        wait = failure.retry_after
+        is_global = failure.scope == "global"
+        body = {"message": "You are being rate limited.", "retry_after": wait, "global": is_global}
+        headers = {"Retry-After": str(max(1, math.ceil(wait))), "X-RateLimit-Scope": failure.scope}
+        if is_global:
+            headers["X-RateLimit-Global"] = "true"
+        else:
+            headers.update(
+                {
+                    "X-RateLimit-Limit": "5",
+                    "X-RateLimit-Remaining": "0",
+                    "X-RateLimit-Reset": f"{time.time() + wait:.3f}",
+                    "X-RateLimit-Reset-After": f"{wait:.3f}",
+                    "X-RateLimit-Bucket": "fake-bucket",
+                }
+            )
+        if failure.via:
+            headers["Via"] = "1.1 google"
+        return _json_response(body, status=429, headers=headers)
+
+    def _route(self, method: str, path: str) -> tuple[str, Callable[..., Awaitable[Any]], _Json]:
+        """The route's name ("POST /channels/{channel}/typing"), its handler and parameters."""
         parts = path.rstrip("/").split("/")
         for m, pattern, handler in self._routes:
             want = pattern.split("/")
@@ -733,7 +775,7 @@ class FakeDiscord:
                 elif w != p:
                     break
             else:
-                return handler, params
+                return f"{m} {pattern}", handler, params
         raise _ApiError(404, "404: Not Found")
 
     async def _get_me(self, body: Any) -> _Json:

@@ -9,7 +9,11 @@ exactly what production code sees. It is one ``aiohttp.web`` app on 127.0.0.1:
   form body (slack_sdk uses all three: ``params=`` goes in the query, ``json=`` as JSON, ``data=``
   as a form), the token from ``Authorization: Bearer`` or a ``token`` parameter. Answers are
   Slack's: ``{"ok": true, ...}``, errors ``{"ok": false, "error": ...}`` with HTTP 200, and a rate
-  limit is HTTP 429 with ``Retry-After`` (``fail_next``).
+  limit is HTTP 429 with ``Retry-After`` (``fail_next``; a test may ask for fractions of a
+  second, where Slack says whole ones). Like the doubles in Slack's own test suites, it can
+  refuse a method outright (``refuse``) or answer one without a field (``answer_without``: a
+  ``chat.postMessage`` without its ``ts``). ``holds`` keeps answers waiting on a condition and
+  counts requests in flight and requests abandoned by the client.
 - ``/socket``: the Socket Mode websocket, whose URL ``apps.connections.open`` hands out for the
   app-level token. Each connection gets ``hello``; envelopes go to the newest connection, and
   envelopes made while none is connected wait for the next ``hello``, as on Slack. Acks are
@@ -48,6 +52,7 @@ import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from tests.fakes.changes import Changes
+from tests.fakes.holds import Holds
 
 BOT_TOKEN = "xoxb-test"
 APP_TOKEN = "xapp-test"
@@ -127,7 +132,7 @@ class ResponseUrlPost:
 @dataclass(frozen=True)
 class _Failure:
     error: str
-    retry_after: int
+    retry_after: float
 
 
 @dataclass(eq=False)
@@ -140,14 +145,14 @@ class _Socket:
 
 
 class _ApiError(Exception):
-    def __init__(self, error: str, status: int = 200, retry_after: int | None = None) -> None:
+    def __init__(self, error: str, status: int = 200, retry_after: float | None = None) -> None:
         super().__init__(error)
         self.error = error
         self.status = status
         self.retry_after = retry_after
 
     def response(self) -> web.Response:
-        headers = {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}
+        headers = {} if self.retry_after is None else {"Retry-After": f"{self.retry_after:g}"}
         return web.json_response(
             {"ok": False, "error": self.error}, status=self.status, headers=headers
         )
@@ -273,6 +278,10 @@ class FakeSlack:
         self._clock = int(time.time()) * 1_000_000
         self._event_ids = itertools.count(1)
         self._changes = Changes()  # notified on each call, envelope, ack and connection
+        self.holds = Holds(self._changes)
+        """Held answers, requests in flight and abandoned ones, by Web API method."""
+        self._refused: dict[str, str] = {}  # method -> error, for every call
+        self._without: dict[str, str] = {}  # method -> answer field left out
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -608,7 +617,7 @@ class FakeSlack:
     # --- scripted failures ---
 
     def fail_next(
-        self, method: str, *, error: str = "ratelimited", retry_after: int = 1, times: int = 1
+        self, method: str, *, error: str = "ratelimited", retry_after: float = 1, times: int = 1
     ) -> None:
         """Refuse the next ``times`` calls of ``method``: "ratelimited" is HTTP 429 with
         ``Retry-After: retry_after``; any other error is HTTP 200 ``{"ok": false, "error": ...}``.
@@ -617,6 +626,19 @@ class FakeSlack:
             raise ValueError(f"times must be at least 1, got {times}")
         failures = self._failures.setdefault(method, deque())
         failures.extend([_Failure(error, retry_after)] * times)
+
+    def refuse(self, method: str, error: str = "invalid_auth") -> None:
+        """Refuse every call of ``method`` from now on with ``{"ok": false, "error": error}``;
+        ``allow`` ends it."""
+        self._refused[method] = error
+
+    def allow(self, method: str) -> None:
+        self._refused.pop(method, None)
+
+    def answer_without(self, method: str, key: str) -> None:
+        """From now on answer ``method`` as usual (it takes effect) but leave ``key`` out of
+        the answer, as Slack's own test doubles do with ``chat.postMessage`` and ``ts``."""
+        self._without[method] = key
 
     # --- Web API ---
 
@@ -633,11 +655,15 @@ class FakeSlack:
                 if failure.error == "ratelimited":
                     raise _ApiError("ratelimited", 429, failure.retry_after)
                 raise _ApiError(failure.error)
+            if method in self._refused:
+                raise _ApiError(self._refused[method])
             if method not in self._methods:
                 raise _ApiError("unknown_method")
             kind, handler = self._methods[method]
             self._check_token(token, kind)
-            result = handler(params)
+            async with self.holds.answering(request, method, params):
+                result = handler(params)
+            result = {k: v for k, v in result.items() if k != self._without.get(method)}
         except _ApiError as error:
             self._record(Call(method, params, time.time(), error.error, token, error.status))
             return error.response()

@@ -10,8 +10,12 @@ The server keeps Telegram's rules that bots trip over: ``getUpdates`` long polls
 forgets updates once a later call's ``offset`` confirms them; message text is limited to 4096
 UTF-16 code units of visible text; HTML is validated (``render``) with Telegram's error
 prefixes; an edit to the same content is refused. ``fail_next`` scripts error answers, such as
-a 429 flood wait. ``wait_until`` re-checks a condition on every call and update, so tests wait
-on what the bot did instead of sleeping; ``close()`` answers parked long polls first.
+a 429 flood wait (a test may ask for fractions of a second, where Telegram says whole ones),
+and ``answer_without`` answers a method without a field (a message without its
+``message_id``). ``holds`` keeps answers waiting on a condition and counts requests in flight
+and requests abandoned by the client. ``wait_until`` re-checks a condition on every call and
+update, so tests wait on what the bot did instead of sleeping; ``close()`` answers parked long
+polls first.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any, Self
 from aiohttp import web
 
 from tests.fakes.changes import Changes
+from tests.fakes.holds import Holds
 
 BOT_TOKEN = "123456:TEST-token"
 MAX_TEXT_UNITS = 4096
@@ -126,7 +131,7 @@ class EntityParseError(ValueError):
 class _Failure:
     status: int
     description: str
-    retry_after: int | None = None
+    retry_after: float | None = None
 
 
 @dataclass(frozen=True)
@@ -138,7 +143,7 @@ class _StoredFile:
 
 
 class _ApiError(Exception):
-    def __init__(self, status: int, description: str, retry_after: int | None = None) -> None:
+    def __init__(self, status: int, description: str, retry_after: float | None = None) -> None:
         super().__init__(description)
         self.status = status
         self.description = description
@@ -432,6 +437,9 @@ class FakeTelegram:
         self._failures: dict[str, deque[_Failure]] = {}
         self._arrival = asyncio.Event()  # replaced after each push, so waiters see new ones
         self._changes = Changes()  # notified on each call and update
+        self.holds = Holds(self._changes)
+        """Held answers, requests in flight and abandoned ones, by lower-cased method name."""
+        self._without: dict[str, str] = {}  # lower-cased method -> result field left out
         self._runner: web.AppRunner | None = None
         self._closing = False
         self._methods: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -535,6 +543,21 @@ class FakeTelegram:
             message["caption"] = caption
         return self.push_update({"message": message})
 
+    def user_sticker(self, chat_id: int, *, emoji: str = "👍", user_id: int | None = None) -> _Json:
+        """Queue a sticker from a person (no text, no caption); returns the queued Update."""
+        message = self._user_message_base(chat_id, user_id, "private", "Ann", None)
+        message["sticker"] = {
+            "file_id": f"fake-sticker-{message['message_id']}",
+            "file_unique_id": f"unique-sticker-{message['message_id']}",
+            "type": "regular",
+            "width": 512,
+            "height": 512,
+            "is_animated": False,
+            "is_video": False,
+            "emoji": emoji,
+        }
+        return self.push_update({"message": message})
+
     def push_update(self, raw: _Json) -> _Json:
         """Queue any update as Telegram would send it; ``update_id`` is filled in if missing."""
         update = dict(raw)
@@ -591,7 +614,7 @@ class FakeTelegram:
         method: str,
         *,
         status: int = 429,
-        retry_after: int = 1,
+        retry_after: float = 1,
         description: str | None = None,
         times: int = 1,
     ) -> None:
@@ -601,7 +624,7 @@ class FakeTelegram:
         status needs the ``description`` Telegram would send, e.g. "Bad Request: chat not found".
         """
         if status == 429:
-            failure = _Failure(429, f"Too Many Requests: retry after {retry_after}", retry_after)
+            failure = _Failure(429, f"Too Many Requests: retry after {retry_after:g}", retry_after)
         elif description is None:
             raise ValueError(f"fail_next({method!r}, status={status}) needs a description")
         else:
@@ -609,6 +632,11 @@ class FakeTelegram:
         if times < 1:
             raise ValueError(f"times must be at least 1, got {times}")
         self._failures.setdefault(method.lower(), deque()).extend([failure] * times)
+
+    def answer_without(self, method: str, key: str) -> None:
+        """From now on answer ``method`` as usual (it takes effect) but leave ``key`` out of
+        the result, as a broken proxy or a test double might."""
+        self._without[method.lower()] = key
 
     # --- HTTP ---
 
@@ -628,7 +656,10 @@ class FakeTelegram:
             handler = self._methods.get(method.lower())
             if handler is None:
                 raise _ApiError(404, "Not Found")
-            result = handler(params)
+            async with self.holds.answering(request, method.lower(), params):
+                result = handler(params)
+            if method.lower() in self._without and isinstance(result, dict):
+                result = {k: v for k, v in result.items() if k != self._without[method.lower()]}
         except _ApiError as error:
             body = error.body()
             self._record(Call(method, params, time.time(), body))

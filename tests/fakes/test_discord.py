@@ -14,8 +14,11 @@ What the real library does against it, as these tests pin down:
 - Without the MESSAGE_CONTENT intent message content arrives blank (mentions of the bot and DMs
   excepted) and the library says nothing; asking for the intent while the portal switch is off
   closes the gateway with 4014, which ``connect`` raises as ``PrivilegedIntentsRequired``.
-- A 429 is retried only with a ``Via`` header, after the body's ``retry_after``; other 4xx raise
-  at once (``Forbidden``, ``NotFound``, ``HTTPException``).
+- A 429 is retried only with a ``Via`` header, after the body's ``retry_after``, five tries in
+  all (a global one holds every request meanwhile); without ``Via``, or on the fifth, it raises a
+  plain ``HTTPException`` with status 429, whose ``response.headers`` still carry the wait. Other
+  4xx raise at once (``Forbidden``, ``NotFound``, ``HTTPException``).
+- A message answer without its ``id`` fails inside the library with ``KeyError``.
 - RECONNECT, an abrupt drop and a resumable INVALID_SESSION make it RESUME at once (missed
   dispatches replayed once, then ``on_resumed``); a non-resumable INVALID_SESSION makes it
   IDENTIFY again (``on_ready`` again), but only after ``Client.before_identify_hook`` sleeps 5 s
@@ -452,6 +455,55 @@ async def test_rate_limit_with_via_is_retried(fake: FakeDiscord, bot: Bot) -> No
     statuses = [c.status for c in fake.calls_to("POST", f"/channels/{CHANNEL_ID}/messages")]
     assert statuses == [429, 200]
     assert [s.content for s in fake.messages(CHANNEL_ID)] == ["eventually"]
+
+
+async def test_rate_limit_without_via_raises_at_once_with_the_wait_in_its_headers(
+    fake: FakeDiscord, bot: Bot
+) -> None:
+    fake.fail_next("POST", f"/channels/{CHANNEL_ID}/messages", retry_after=0.05, via=False)
+    with pytest.raises(discord.HTTPException) as raised:
+        await lib(channel(bot).send("not now"))
+    assert raised.value.status == 429
+    headers = raised.value.response.headers
+    assert headers["X-RateLimit-Reset-After"] == "0.050" and headers["Retry-After"] == "1"
+    assert "Via" not in headers
+
+
+async def test_five_rate_limits_in_a_row_raise_a_429(fake: FakeDiscord, bot: Bot) -> None:
+    fake.fail_next("PATCH", f"/channels/{CHANNEL_ID}/messages/", retry_after=0.01, times=6)
+    sent = await lib(channel(bot).send("first"))
+    with pytest.raises(discord.HTTPException) as raised:
+        await lib(sent.edit(content="second"))
+    assert raised.value.status == 429
+    await lib(sent.edit(content="second"))  # the sixth 429, slept out, then the edit
+    edits = fake.calls_to("PATCH", f"/channels/{CHANNEL_ID}/messages/")
+    assert [c.status for c in edits] == [429] * 6 + [200]
+
+
+async def test_a_global_rate_limit_is_waited_out(fake: FakeDiscord, bot: Bot) -> None:
+    fake.fail_next("POST", f"/channels/{CHANNEL_ID}/messages", retry_after=0.05, scope="global")
+    await lib(channel(bot).send("eventually"))
+    refused, sent = fake.calls_to("POST", f"/channels/{CHANNEL_ID}/messages")
+    assert (refused.status, sent.status) == (429, 200)
+    assert sent.at - refused.at >= 0.05
+
+
+async def test_an_answer_can_leave_out_a_field(fake: FakeDiscord, bot: Bot) -> None:
+    fake.answer_without("POST", f"/channels/{CHANNEL_ID}/messages", "id")
+    with pytest.raises(KeyError, match="id"):
+        await lib(channel(bot).send("sent all the same"))
+    assert [s.content for s in fake.messages(CHANNEL_ID)] == ["sent all the same"]
+
+
+async def test_a_held_answer_waits_for_its_condition(fake: FakeDiscord, bot: Bot) -> None:
+    route = "POST /channels/{channel}/typing"
+    fake.holds.hold(route, lambda params: lambda: fake.messages(int(params["channel"])))
+    typing = asyncio.create_task(lib(channel(bot).typing()))
+    await fake.wait_until(lambda: fake.holds.in_flight(route) == 1)
+    assert not typing.done()
+    await lib(channel(bot).send("the condition"))
+    await lib(typing)
+    assert fake.holds.in_flight(route) == 0 and fake.holds.abandoned == []
 
 
 async def test_other_errors_raise_at_once(fake: FakeDiscord, bot: Bot) -> None:

@@ -770,3 +770,52 @@ async def test_events_url_sends_every_envelope_over_http(
     fake.redeliver(envelope_id)
     await fake.wait_until(lambda: len(fake.http_deliveries) == 5)
     assert (fake.http_deliveries[-1].status, fake.http_deliveries[-1].retry_num) == (200, 1)
+
+
+# --- answering like Slack's own test doubles ---
+
+
+async def test_a_refused_method_is_refused_until_allowed(fake: FakeSlack, client: AsyncWebClient):
+    fake.refuse("chat.postMessage", "channel_not_found")
+    for _ in range(2):
+        with pytest.raises(SlackApiError) as raised:
+            await within(client.chat_postMessage(channel="C1", text="hello"))
+        assert raised.value.response.status_code == 200
+        assert raised.value.response["error"] == "channel_not_found"
+    fake.allow("chat.postMessage")
+    await within(client.chat_postMessage(channel="C1", text="now"))
+    assert [p.text for p in fake.posted("C1")] == ["now"]
+
+
+async def test_an_answer_can_leave_out_a_field(fake: FakeSlack, client: AsyncWebClient):
+    fake.answer_without("chat.postMessage", "ts")
+    answer = await within(client.chat_postMessage(channel="C1", text="posted all the same"))
+    assert answer["ok"] is True and "ts" not in answer.data
+    assert [p.text for p in fake.posted("C1")] == ["posted all the same"]
+
+
+async def test_a_rate_limit_can_ask_for_a_fraction_of_a_second(
+    fake: FakeSlack, client: AsyncWebClient
+):
+    fake.fail_next("chat.postMessage", retry_after=0.05)
+    with pytest.raises(SlackApiError) as raised:
+        await within(client.chat_postMessage(channel="C1", text="too fast"))
+    assert raised.value.response.headers["Retry-After"] == "0.05"
+
+
+async def test_a_held_answer_waits_and_a_request_given_up_is_noted(
+    fake: FakeSlack, client: AsyncWebClient
+):
+    """The client here cancels its own request on purpose: the fake notices the abandoned
+    request once its held answer is due."""
+    fake.holds.hold("reactions.add", lambda params: lambda: fake.posted("C1"))
+    ts = fake.message("C1", "react to me")
+    reacting = asyncio.create_task(client.reactions_add(channel="C1", timestamp=ts, name="eyes"))
+    await fake.wait_until(lambda: fake.holds.in_flight("reactions.add") == 1)
+    assert fake.reactions("C1", ts) == set(), "not answered while held"
+    reacting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reacting
+    await within(client.chat_postMessage(channel="C1", text="the condition"))
+    await fake.wait_until(lambda: fake.holds.in_flight("reactions.add") == 0)
+    assert fake.holds.abandoned == ["reactions.add"]

@@ -688,3 +688,49 @@ async def test_application_restart_redelivers_only_unconfirmed_updates(
 
     assert second_seen == ["three"]  # one and two were confirmed, so never come back
     assert [m.visible for m in fake.sent(CHAT)] == ["echo: one", "echo: two", "echo: three"]
+
+
+async def test_a_flood_wait_may_be_a_fraction_of_a_second(fake: FakeTelegram, client: Bot) -> None:
+    fake.fail_next("editMessageText", retry_after=0.05)
+
+    with pytest.raises(RetryAfter) as caught:
+        await within(client.edit_message_text("x", chat_id=CHAT, message_id=1))
+
+    assert caught.value.retry_after == timedelta(seconds=0.05)
+
+
+async def test_an_answer_can_leave_out_a_field(fake: FakeTelegram, client: Bot) -> None:
+    """The message is sent, but without ``message_id`` the library cannot read the answer."""
+    fake.answer_without("sendMessage", "message_id")
+
+    with pytest.raises(TypeError, match="message_id"):
+        await within(client.send_message(CHAT, "sent all the same"))
+
+    assert [m.visible for m in fake.sent(CHAT)] == ["sent all the same"]
+
+
+async def test_a_sticker_arrives_without_text(fake: FakeTelegram, client: Bot) -> None:
+    fake.user_sticker(CHAT, emoji="🦉")
+
+    (update,) = await within(client.get_updates(timeout=0))
+
+    message = update.message
+    assert message is not None and message.text is None and message.caption is None
+    assert message.sticker is not None and message.sticker.emoji == "🦉"
+
+
+async def test_a_held_answer_waits_and_a_request_given_up_is_noted(
+    fake: FakeTelegram, client: Bot
+) -> None:
+    """The client here cancels its own request on purpose: the server cancels the held
+    handler when the connection goes, and notes the request as abandoned."""
+    fake.holds.hold("sendchataction", lambda params: lambda: fake.sent(CHAT))
+    typing = asyncio.create_task(client.send_chat_action(CHAT, ChatAction.TYPING))
+    await fake.wait_until(lambda: fake.holds.in_flight("sendchataction") == 1)
+    typing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await typing
+
+    await fake.wait_until(lambda: fake.holds.abandoned == ["sendchataction"])
+    assert fake.holds.in_flight("sendchataction") == 0
+    assert fake.calls_to("sendChatAction") == [], "never answered"
