@@ -15,11 +15,13 @@ import os
 import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol, TextIO
 
+from bot import kaiwa_version
 from bot.checks import find_problems
 from bot.config import Config
-from bot.logs import setup_logging
+from bot.logs import PRINTED, setup_logging
 from bot.supervision import Supervised
 from channels.settings import DiscordSettings, SlackSettings
 from channels.terminal import TerminalChannel, stdin_lines
@@ -28,6 +30,7 @@ from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.model import ModelClient
 from core.recovery import Leftovers, Recovery, leftovers
 from core.store import Store
+from core.text import plural
 from core.tools import ToolRegistry, builtin_tools
 from core.turns import AgentProfile, TurnRunner, TurnSettings
 
@@ -95,6 +98,32 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
     return 1 if problems else 0
 
 
+async def status(config: Config, output: TextIO = sys.stdout) -> int:
+    """`kaiwa status`: what the store says, without starting a channel or asking Ollama."""
+    store = await Store.open(config.database_url(), config.storage.store_settings())
+    try:
+        midnight = datetime.now().astimezone().replace(hour=0, minute=0, second=0, microsecond=0)
+        summary = await store.summary(since=midnight)
+        output.write(f"store: {await store.describe()}\n")
+    finally:
+        await store.close()
+    turns = summary.turns
+    counted = sum(turns.values())
+    outcomes = ", ".join(f"{turns[o]} {o}" for o in sorted(turns)) if turns else "none"
+    output.write(
+        f"conversations: {summary.conversations}\n"
+        f"turns today: {counted} ({outcomes})\n"
+        f"tokens today: {summary.prompt_tokens:,} in, {summary.output_tokens:,} out\n"
+    )
+    if summary.failures:
+        output.write("last errors:\n")
+    for turn in summary.failures:
+        when = turn.started_at.astimezone().strftime("%Y-%m-%d %H:%M")
+        place = summary.places.get(turn.conversation_id, "?")
+        output.write(f"  {when} {place}: {turn.error or 'failed'}\n")
+    return 0
+
+
 async def run(
     config: Config, stop_requested: asyncio.Event, terminal: TerminalIO, *, debug: bool = False
 ) -> int:
@@ -107,15 +136,17 @@ async def run(
     try:
         problems = await find_problems(config, model, adapters)
         if problems:
-            for problem in problems:
-                logger.error("cannot start: %s", problem)
+            for problem in problems:  # in the log file; on stderr once, in the command's words
+                logger.error("cannot start: %s", problem, extra=PRINTED)
             sys.stderr.write("".join(f"kaiwa: cannot start: {p}\n" for p in problems))
             return 1
         store = await Store.open(config.database_url(), config.storage.store_settings())
         try:
-            logger.info("store: %s", await store.describe())
+            described = await store.describe()
             left = await leftovers(store)  # before anything of this process runs
-            return await _serve(config, store, model, settings, adapters, stop_requested, left)
+            return await _serve(
+                config, store, described, model, settings, adapters, stop_requested, left
+            )
         finally:
             await store.close()
     finally:
@@ -127,6 +158,7 @@ async def run(
 async def _serve(
     config: Config,
     store: Store,
+    described: str,
     model: ModelClient,
     settings: TurnSettings,
     adapters: list[Adapter],
@@ -155,14 +187,16 @@ async def _serve(
     recovering = asyncio.create_task(
         Recovery(store, runner, channels).resolve(left), name="recovering after a restart"
     )
-    announcing = asyncio.create_task(_announce_ready(adapters, settings), name="start line")
+    announcing = asyncio.create_task(
+        _announce_ready(adapters, settings, described), name="start line"
+    )
     status = 0
     try:
         done, _ = await asyncio.wait([*running, stop_wait], return_when=asyncio.FIRST_COMPLETED)
         for task in done - {stop_wait}:
             ended = task.result()
             if ended.error is not None:
-                logger.error("stopping: %s: %s", ended.platform, ended.error)
+                logger.error("stopping: %s: %s", ended.platform, ended.error, extra=PRINTED)
                 sys.stderr.write(f"kaiwa: stopping: {ended.platform}: {ended.error}\n")
                 status = 1
     finally:
@@ -173,7 +207,14 @@ async def _serve(
         for task in [*stuck, recovering, announcing]:
             task.cancel()
         await asyncio.gather(*running, stop_wait, recovering, announcing, return_exceptions=True)
-        await runner.shutdown()
+        stopped = await runner.shutdown()
+        logger.info(
+            "stopped: %d %s stopped, %d queued %s kept for the next start",
+            stopped.running,
+            plural(stopped.running, "reply", "replies"),
+            stopped.dropped,
+            plural(stopped.dropped, "message"),
+        )
     return status
 
 
@@ -209,7 +250,7 @@ def _ids(ids: Sequence[int | str]) -> frozenset[str]:
     return frozenset(map(str, ids))
 
 
-async def _announce_ready(adapters: list[Adapter], settings: TurnSettings) -> None:
+async def _announce_ready(adapters: list[Adapter], settings: TurnSettings, described: str) -> None:
     """The terminal's banner at once; then the start line, once every channel has connected
     or had a while to (naming those still trying, and why)."""
     for adapter in adapters:
@@ -228,9 +269,11 @@ async def _announce_ready(adapters: list[Adapter], settings: TurnSettings) -> No
         f"{a.platform} ({a.problem or 'connecting'})" for a in adapters if not a.connected.is_set()
     ]
     logger.info(
-        "ready: %s on %s; channels connected: %s%s",
+        "ready: kaiwa %s; %s on %s; store: %s; channels connected: %s%s",
+        kaiwa_version(),
         settings.agent.name,
         settings.agent.model,
+        described,
         ", ".join(connected) or "none",
         f"; still trying: {', '.join(trying)}" if trying else "",
     )

@@ -8,6 +8,8 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from bot import kaiwa_version
+
 if TYPE_CHECKING:
     from bot.config import Config
 
@@ -27,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check":
             return asyncio.run(app.check(config))
+        if args.command == "status":
+            return asyncio.run(app.status(config))
         return asyncio.run(_run(config, debug=args.debug))
     except ConfigError as exc:
         print(f"kaiwa: configuration error: {exc}", file=sys.stderr)
@@ -71,10 +75,12 @@ def _parser() -> argparse.ArgumentParser:
         "else the embedded defaults.",
     )
     parser.add_argument("--config", metavar="PATH", help="the configuration file to use")
+    parser.add_argument("--version", action="version", version=f"kaiwa {kaiwa_version()}")
     debug_help = "DEBUG lines on stderr, and the traceback of an unexpected error"
     parser.add_argument("--debug", action="store_true", help=debug_help)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     running = commands.add_parser("run", help="start the configured channels (the default)")
     running.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     commands.add_parser("check", help="check that Ollama is reachable and the models are pulled")
+    commands.add_parser("status", help="conversations, today's turns and tokens, the last errors")
     return parser

@@ -14,6 +14,9 @@ from bot.config import LoggingConfig
 from core.errors import ConfigError
 
 REDACTED = "[redacted]"
+PRINTED = {"printed": True}
+"""`extra=` of a record the command also prints in its own words: kept off stderr, so a person
+reads it once."""
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 QUIET_LIBRARIES = ("httpx", "httpcore", "alembic", "asyncio")
 
@@ -49,6 +52,7 @@ def setup_logging(
     to_file.setLevel(config.level.upper())
     to_stderr = logging.StreamHandler(sys.stderr)
     to_stderr.setLevel("DEBUG" if debug else config.stderr_level.upper())
+    to_stderr.addFilter(lambda record: not getattr(record, "printed", False))
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)

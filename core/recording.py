@@ -70,6 +70,10 @@ class TurnRecorder(LoopSink):
         """The turn's row, once it is stored."""
         return self._started.turn_id if self._started else None
 
+    @property
+    def conversation_id(self) -> int | None:
+        return self._started.conversation_id if self._started else None
+
     # -- LoopSink ------------------------------------------------------------------------------
 
     def thinking(self, delta: str) -> None:

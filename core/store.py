@@ -133,6 +133,21 @@ class Unfinished:
 
 
 @dataclass(frozen=True)
+class Summary:
+    """What `kaiwa status` shows: the store's figures, without starting anything."""
+
+    conversations: int
+    turns: dict[str, int]
+    """Turns since the `since` asked for, by outcome."""
+    prompt_tokens: int
+    output_tokens: int
+    failures: list[Turn]
+    """The latest failed turns, newest first."""
+    places: dict[int, str]
+    """The place of each conversation named in `failures`."""
+
+
+@dataclass(frozen=True)
 class TurnStart:
     place: str
     agent: str
@@ -423,6 +438,46 @@ class Store:
             return row
 
         return self._call(run, autocommit=True)
+
+    def summary(self, since: datetime, failures: int = 5) -> Awaitable[Summary]:
+        """Conversations in all; turns, tokens since `since`; the latest `failures` failures."""
+        turns = Turn.__table__  # type: ignore[attr-defined]
+        conversations = Conversation.__table__  # type: ignore[attr-defined]
+        recent = turns.c.started_at >= since
+        by_outcome = select(turns.c.status, func.count()).where(recent).group_by(turns.c.status)
+        tokens = select(
+            func.coalesce(func.sum(turns.c.prompt_tokens), 0),
+            func.coalesce(func.sum(turns.c.output_tokens), 0),
+        ).where(recent)
+        failed = (
+            select(turns)
+            .where(turns.c.status == "failed")
+            .order_by(turns.c.id.desc())
+            .limit(failures)
+        )
+
+        def run(connection: Connection) -> Summary:
+            count = connection.execute(select(func.count()).select_from(conversations)).scalar()
+            prompt, output = connection.execute(tokens).one()
+            latest = _rows(connection, Turn, failed)
+            ids = {turn.conversation_id for turn in latest}
+            places = dict(
+                connection.execute(
+                    select(conversations.c.id, conversations.c.place).where(
+                        conversations.c.id.in_(ids)
+                    )
+                ).all()
+            )
+            return Summary(
+                conversations=int(count or 0),
+                turns=dict(connection.execute(by_outcome).all()),
+                prompt_tokens=int(prompt),
+                output_tokens=int(output),
+                failures=latest,
+                places=places,
+            )
+
+        return self._call(run)
 
     def unfinished_turns(self) -> Awaitable[list[Unfinished]]:
         """Turns left `running` (by a process that died: this one has started none yet), oldest

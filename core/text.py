@@ -1,9 +1,11 @@
-"""Text as it enters Kaiwa: what no database refuses and no platform chokes on.
+"""Text as it enters Kaiwa, and a few words as it leaves.
 
+Entering: what no database refuses and no platform chokes on.
 Undecodable input (bytes a terminal could not decode become lone surrogates) turns into U+FFFD,
 and NUL, which PostgreSQL refuses in text, is dropped. Applied where text enters: a person's
 message in the dispatcher, the model's words in the model client, and every value the store
-writes (the last line of defence, so that no input can fail a record).
+writes (the last line of defence, so that no input can fail a record). Leaving: `plural`, so
+a count reads right ("1 model call").
 """
 
 import re
@@ -32,3 +34,8 @@ def clean_all(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [clean_all(item) for item in value]
     return value
+
+
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """`one` or `many` (`one` + "s" unless given) as `count` asks: 1 reply, 2 replies."""
+    return one if count == 1 else many or f"{one}s"

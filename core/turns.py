@@ -128,6 +128,8 @@ class TurnResult:
 class StopReport:
     stopped_running: bool
     dropped: int
+    running: int = 0
+    """At shutdown: how many turns were running (each stopped)."""
 
 
 @dataclass
@@ -239,29 +241,25 @@ class TurnRunner:
         """Whether a live turn (queued or running) answers this recorded message."""
         return any(turn.request.inbound_event_id == inbound_event_id for turn in self._live)
 
-    async def shutdown(self) -> None:
+    async def shutdown(self) -> StopReport:
         """Invariant 7: stop every live turn, queued or running, and wait for each to finish.
         Turns still queued never start; their messages stay recorded, unanswered, and the next
-        start answers them (`core.recovery`)."""
+        start answers them (`core.recovery`). Returns how many were running and queued."""
         self.closing = True
         live = list(self._live)
         queued = 0
         for turn in live:
             if turn in turn.slot.waiting:
                 queued += self._drop_waiting(turn.slot, reason="shutdown")
-            turn.stop("shutdown")
-        if queued:
-            logger.warning(
-                "shutting down: %d queued messages will be answered at the next start", queued
-            )
-        if not live:
-            return
-        tasks = [turn.task for turn in live]
-        _, stuck = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_SECONDS)
-        for task in stuck:  # a closing notice that hangs (a dead network) is cut short
-            task.cancel()
-        if stuck:
-            await asyncio.wait(stuck)
+        running = sum(turn.stop("shutdown") for turn in live if turn.slot.running is turn)
+        if live:
+            tasks = [turn.task for turn in live]
+            _, stuck = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_SECONDS)
+            for task in stuck:  # a closing notice that hangs (a dead network) is cut short
+                task.cancel()
+            if stuck:
+                await asyncio.wait(stuck)
+        return StopReport(stopped_running=running > 0, dropped=queued, running=running)
 
     # -- the turn ------------------------------------------------------------------------------
 
@@ -326,7 +324,8 @@ class TurnRunner:
             recorder.mark_unsaved(note)  # invariant 8
             slot.messages = None  # the store is the truth: the next turn reads it again
             logger.warning("a turn in %s could not be saved: %s", request.place, failure)
-        self._log_turn(request, outcome, recorder, time.monotonic() - began)
+        seconds = time.monotonic() - began
+        self._log_turn(request, outcome, recorder, seconds, turn.stop_reason, note)
         # ... then the notice, which a second cancellation may cut short without losing anything.
         await self._notify(pump, reply, text, outcome, note)
         self._note_delivery(request, recorder, reply)
@@ -427,16 +426,28 @@ class TurnRunner:
             logger.exception("the closing notice of a turn failed; its records are stored")
 
     def _log_turn(
-        self, request: TurnRequest, outcome: Outcome, recorder: TurnRecorder, seconds: float
+        self,
+        request: TurnRequest,
+        outcome: Outcome,
+        recorder: TurnRecorder,
+        seconds: float,
+        stop_reason: str | None,
+        note: str | None,
     ) -> None:
+        """One line per turn: where, which conversation, how it ended and why, what it cost."""
         usage = recorder.usage
+        ending = f" stop_reason={stop_reason}" if outcome is Outcome.STOPPED else ""
+        if outcome is Outcome.FAILED and note:
+            ending = f" reason={' '.join(note.split())!r}"
         logger.info(
-            "turn %s conversation=%s provenance=%s outcome=%s model_calls=%d tokens_in=%d "
-            "tokens_out=%d seconds=%.2f",
+            "turn %s place=%s conversation=%s provenance=%s outcome=%s%s model_calls=%d "
+            "tokens_in=%d tokens_out=%d seconds=%.2f",
             recorder.turn_id,
             request.place,
+            recorder.conversation_id,
             request.provenance.value,
             outcome.value,
+            ending,
             usage.model_calls,
             usage.prompt_tokens,
             usage.output_tokens,

@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from core.store import Store
 from tests.fakes.discord import BOT_TOKEN as DISCORD_TOKEN
 from tests.fakes.discord import FakeDiscord
-from tests.fakes.ollama import FakeOllama, Pause, Text
+from tests.fakes.ollama import FakeOllama, HttpError, Pause, Text
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
@@ -126,8 +127,11 @@ async def test_run_refuses_to_start_without_ollama(tmp_path: Path) -> None:
     config = write_config(tmp_path, "http://127.0.0.1:9")
     code, out, err = await finish(await kaiwa("--config", str(config), "run"))
     assert code == 1
-    assert "kaiwa: cannot start: cannot reach Ollama at http://127.0.0.1:9" in err
-    assert "Traceback" not in err and READY not in out
+    (line,) = err.splitlines()  # once (regression: the same line came from the log first)
+    assert line.startswith("kaiwa: cannot start: cannot reach Ollama at http://127.0.0.1:9")
+    assert READY not in out
+    log = (tmp_path / "state" / "kaiwa.log").read_text()
+    assert "ERROR bot.app: cannot start: cannot reach Ollama" in log
 
 
 async def test_a_config_mistake_is_one_line(tmp_path: Path) -> None:
@@ -170,7 +174,14 @@ async def test_a_chat_then_end_of_input(ollama: FakeOllama, tmp_path: Path) -> N
 
     assert code == 0, err
     log = (tmp_path / "state" / "kaiwa.log").read_text()
-    assert "conversation=terminal:local provenance=person outcome=done model_calls=1" in log
+    assert "ready: kaiwa 0.1.0; assistant on test-model; store: SQLite " in log
+    assert "; channels connected: terminal\n" in log
+    assert re.search(
+        r"turn 1 place=terminal:local conversation=1 provenance=person outcome=done "
+        r"model_calls=1 tokens_in=\d+ tokens_out=\d+ seconds=",
+        log,
+    )
+    assert "stopped: 0 replies stopped, 0 queued messages kept for the next start" in log
     store = await Store.open(f"sqlite:///{tmp_path / 'state' / 'kaiwa.db'}")
     try:
         conversation = await store.active_conversation("terminal:local")
@@ -270,3 +281,43 @@ async def test_a_mistyped_database_port_is_one_line(ollama: FakeOllama, tmp_path
     (line,) = [line for line in err.splitlines() if line.startswith("kaiwa:")]
     assert line.startswith("kaiwa: cannot start: the database URL is not valid (")
     assert "Traceback" not in err and "hunter2" not in err
+
+
+async def test_version() -> None:
+    code, out, _ = await finish(await kaiwa("--version"))
+    assert (code, out) == (0, "kaiwa 0.1.0\n")
+
+
+async def test_status_reads_the_store_without_starting_anything(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    ollama.script(Text("Fine."))
+    ollama.script(HttpError(500, "model runner crashed"))
+    config = write_config(tmp_path, ollama.url)
+    process = await kaiwa("--config", str(config), stdin=asyncio.subprocess.PIPE)
+    assert process.stdin is not None
+    await read_until(process, READY)
+    process.stdin.write(b"hello\n")
+    await read_until(process, "Fine.")
+    process.stdin.write(b"again\n")
+    await read_until(process, "model runner crashed")
+    process.stdin.close()
+    await finish(process)
+
+    code, out, err = await finish(
+        await kaiwa("--config", str(config), "status", env={"KAIWA_CONFIG": ""})
+    )
+
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("store: SQLite ")
+    assert lines[1:4] == [
+        "conversations: 1",
+        "turns today: 2 (1 done, 1 failed)",
+        "tokens today: 10 in, 5 out",
+    ]
+    assert lines[4] == "last errors:"
+    assert lines[5].endswith(
+        "terminal:local: Ollama answered HTTP 500: model runner crashed; "
+        "check the Ollama server log"
+    )
