@@ -6,7 +6,7 @@ and returns the final answer or raises. Everything the outside world must know (
 each finished message, each tool result, each call's usage) goes to the sink *synchronously*, as it
 happens, so a stop between two events can never leave one of them unrecorded.
 
-Contracts (DESIGN.md, "The agent loop"; each guarded in tests/core/test_loop.py):
+Contracts (ARCHITECTURE.md, "The agent loop's contracts"; each guarded in tests/core/test_loop.py):
 - usage reaches the sink right after each model call returns, before any tool runs;
 - every tool call gets exactly one result, in the order the model asked, on every path;
 - read-only tools run concurrently with their read-only neighbours;

@@ -4,7 +4,7 @@ A turn is a background task. `submit` returns at once so the channel keeps readi
 makes `/stop` possible); per conversation, turns run one at a time in arrival order, and different
 conversations run side by side.
 
-Invariants (DESIGN.md); each names the bug it prevents and the test that guards it (in
+Invariants (ARCHITECTURE.md); each names the bug it prevents and the test that guards it (in
 tests/core/test_turns.py unless named otherwise):
 
 1. **One gate hold per turn, taken once.** Nothing that holds a conversation's gate calls code
