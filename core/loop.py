@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from core.errors import DegenerateTurn
 from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, Usage
-from core.model import ChunkCallback, ModelReply
+from core.model import ChunkCallback, ModelReply, StatusCallback
 from core.tools import Tool, argument_problems
 
 logger = logging.getLogger(__name__)
@@ -49,11 +49,16 @@ class ChatModel(Protocol):
         *,
         tools: Sequence[dict[str, Any]] = (),
         think: bool | None = None,
+        on_status: StatusCallback = ...,
     ) -> ModelReply: ...
 
 
 class LoopSink(Protocol):
     """Where the loop reports what happens. Synchronous on purpose (see the module docstring)."""
+
+    def status(self, text: str) -> None:
+        """What a model call waits for before its first piece (a slot, the model loading)."""
+        ...
 
     def thinking(self, delta: str) -> None: ...
     def text(self, delta: str) -> None: ...
@@ -152,6 +157,7 @@ class AgentLoop:
                 self._show,
                 tools=schemas,
                 think=self._settings.think,
+                on_status=self._status,
             )
         except BaseException as exc:
             usage = Usage(seconds=time.monotonic() - started)
@@ -160,6 +166,9 @@ class AgentLoop:
         message = self._message_from(reply)
         self._record(reply.usage, message if message.text or message.tool_calls else None, messages)
         return message
+
+    def _status(self, text: str) -> None:
+        self._emit(self._sink.status, text)
 
     def _show(self, text: str, thinking: str) -> None:
         if thinking:

@@ -15,6 +15,8 @@ Why it is shaped this way:
 
 import asyncio
 import json
+import math
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import aclosing, contextmanager
@@ -35,8 +37,14 @@ from core.errors import (
     ModelUnreachable,
 )
 from core.messages import Usage
-from core.text import clean, clean_all
+from core.slots import RequestSlots
+from core.text import clean, clean_all, plural
 
+DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+DEFAULT_KEEP_ALIVE_SECONDS = 300.0
+SLOW_START_SECONDS = 0.5
+"""A model call whose first piece takes longer says what it waits for."""
 MAX_IDLE_CONNECTIONS = 32
 """httpcore scans its whole pool on every request, so a burst's worth of idle connections would
 slow every later request; a few dozen cover any realistic OLLAMA_NUM_PARALLEL."""
@@ -65,6 +73,12 @@ class ModelReply:
 
 ChunkCallback = Callable[[str, str], None]
 """Called with (text, thinking) for each streamed piece that carries either."""
+StatusCallback = Callable[[str], None]
+"""Told what a request waits for before its first piece (for a person to see)."""
+
+
+def _no_status(status: str) -> None:
+    pass
 
 
 class ModelClient:
@@ -72,7 +86,10 @@ class ModelClient:
 
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
-        self._slots = asyncio.Semaphore(settings.max_concurrent_requests)
+        self._slots = RequestSlots(settings.max_concurrent_requests)
+        self._keep_alive_seconds = keep_alive_seconds(settings.keep_alive)
+        self._warm: dict[str, float] = {}
+        """When each model last answered: one that has not within `keep_alive` may be loading."""
         connections = settings.max_concurrent_requests
         self._client = ollama.AsyncClient(
             host=settings.url,
@@ -97,12 +114,44 @@ class ModelClient:
         *,
         tools: Sequence[dict[str, Any]] = (),
         think: bool | None = None,
+        on_status: StatusCallback = _no_status,
     ) -> ModelReply:
         """Stream one reply into `reply`, calling `on_chunk` for each piece; raise a
-        `ModelError` on failure. Returns `reply`, complete with its usage."""
-        async with self._slots:
-            with self._errors_mapped(model):
-                return await self._stream(model, messages, reply, on_chunk, tools, think)
+        `ModelError` on failure. Returns `reply`, complete with its usage. Until the first
+        piece, `on_status` hears what the request waits for: a slot ("waiting for the model: 2
+        requests ahead"), then, if the first piece is slow to come, the model ("loading
+        qwen3:4b…" when it has not answered within its keep-alive, else "waiting for
+        qwen3:4b…")."""
+
+        waited = False
+
+        def queued(ahead: int) -> None:
+            nonlocal waited
+            waited = True
+            on_status(f"waiting for the model: {ahead} {plural(ahead, 'request')} ahead")
+
+        async with self._slots.held(queued):
+            state = "waiting for" if self._is_warm(model) else "loading"
+            # A quick start shows nothing; a slow one (or one that queued) says what it waits for.
+            slow = asyncio.get_running_loop().call_later(
+                0 if waited else SLOW_START_SECONDS, on_status, f"{state} {model}…"
+            )
+
+            def shown(text: str, thinking: str) -> None:
+                slow.cancel()
+                on_chunk(text, thinking)
+
+            try:
+                with self._errors_mapped(model):
+                    answered = await self._stream(model, messages, reply, shown, tools, think)
+            finally:
+                slow.cancel()
+            self._warm[model] = time.monotonic()
+            return answered
+
+    def _is_warm(self, model: str) -> bool:
+        answered = self._warm.get(model)
+        return answered is not None and time.monotonic() - answered < self._keep_alive_seconds
 
     async def _stream(
         self,
@@ -224,6 +273,21 @@ def _absorb(part: ollama.ChatResponse, reply: ModelReply, on_chunk: ChunkCallbac
         reply.text += text
         reply.thinking += thinking
         on_chunk(text, thinking)
+
+
+def keep_alive_seconds(keep_alive: str) -> float:
+    """Ollama's keep-alive ("5m", "1h30m", "300", "-1" for ever) in seconds; five minutes when
+    it cannot be read."""
+    text = keep_alive.strip()
+    if text.lstrip("-").replace(".", "", 1).isdigit():
+        seconds = float(text)
+        return math.inf if seconds < 0 else seconds
+    parts = DURATION.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text.lstrip("-"):
+        return DEFAULT_KEEP_ALIVE_SECONDS
+    if text.startswith("-"):
+        return math.inf
+    return sum(float(number) * UNIT_SECONDS[unit] for number, unit in parts)
 
 
 def model_is_available(name: str, available: Sequence[str]) -> bool:

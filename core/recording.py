@@ -76,6 +76,10 @@ class TurnRecorder(LoopSink):
 
     # -- LoopSink ------------------------------------------------------------------------------
 
+    def status(self, text: str) -> None:
+        self._activity = text
+        self.on_change()
+
     def thinking(self, delta: str) -> None:
         self._thinking += delta
         self._activity = None

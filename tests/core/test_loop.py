@@ -21,7 +21,11 @@ class Events:
 
     def __init__(self) -> None:
         self.log: list[tuple[str, Any]] = []
+        self.statuses: list[str] = []
         self.saw_text = asyncio.Event()
+
+    def status(self, text: str) -> None:
+        self.statuses.append(text)
 
     def thinking(self, delta: str) -> None:
         self.log.append(("thinking", delta))

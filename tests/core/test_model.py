@@ -128,3 +128,60 @@ def test_a_name_without_a_tag_means_latest() -> None:
     assert model_is_available("llama3.2", ["llama3.2:latest"])
     assert model_is_available("llama3.2:latest", ["llama3.2"])
     assert not model_is_available("llama3.2", ["llama3.2:1b"])
+
+
+async def test_a_request_that_must_queue_says_how_many_are_ahead(ollama: FakeOllama) -> None:
+    """A person whose turn waits for a model slot sees why, instead of a silent reply."""
+    client = ModelClient(ModelSettings(url=ollama.url, max_concurrent_requests=1))
+    ollama.script(Pause("first"), Text("one"))
+    ollama.script(Text("two"))
+    said: list[str] = []
+    heard = asyncio.Event()
+
+    def status(text: str) -> None:
+        said.append(text)
+        heard.set()
+
+    try:
+        first = asyncio.create_task(chat(client))
+        await ollama.reached("first")
+        second = asyncio.create_task(
+            client.chat("test-model", HELLO, ModelReply(), ignore, on_status=status)
+        )
+        await heard.wait()
+        assert said == ["waiting for the model: 1 request ahead"]
+        ollama.release("first")
+        assert await first == "one"
+        assert (await second).text == "two"
+    finally:
+        await client.close()
+    assert said[1] == "waiting for test-model…", "then, at once, what it waits for next"
+
+
+async def test_a_slow_first_piece_says_the_model_is_loading(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    ollama.script(Pause("loading"), Text("ready"))
+    said: list[str] = []
+    heard = asyncio.Event()
+
+    def status(text: str) -> None:
+        said.append(text)
+        heard.set()
+
+    chatting = asyncio.create_task(
+        model.chat("test-model", HELLO, ModelReply(), ignore, on_status=status)
+    )
+    await heard.wait()  # after half a second without a piece
+    ollama.release("loading")
+    await chatting
+    assert said == ["loading test-model…"]
+    ollama.script(Pause("warm"), Text("again"))
+    heard.clear()
+    chatting = asyncio.create_task(
+        model.chat("test-model", HELLO, ModelReply(), ignore, on_status=status)
+    )
+    await heard.wait()
+    ollama.release("warm")
+    await chatting
+    assert said[-1] == "waiting for test-model…", "a model that just answered is not loading"

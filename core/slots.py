@@ -1,0 +1,64 @@
+"""Request slots: at most `limit` model requests at once, the rest waiting in arrival order.
+
+Ollama serves `OLLAMA_NUM_PARALLEL` requests at once and queues the rest where nobody can see
+them, so the queue lives here instead (see `core.model`). Unlike a semaphore, this one tells a
+waiter where it stands: `held(on_wait)` calls `on_wait(ahead)` when the request has to wait and
+again each time it moves up, so a person sees "waiting for the model: 2 requests ahead" instead
+of a silent reply. A waiter that is cancelled leaves the queue and is never granted a slot.
+"""
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+
+class RequestSlots:
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._busy = 0
+        self._waiting: deque[tuple[asyncio.Future[None], Callable[[int], None]]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @asynccontextmanager
+    async def held(self, on_wait: Callable[[int], None]) -> AsyncIterator[None]:
+        """Hold a slot for the block; while waiting for one, `on_wait(requests ahead)`."""
+        if self._busy < self._limit and not self._waiting:
+            self._busy += 1
+        else:
+            await self._wait(on_wait)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _wait(self, on_wait: Callable[[int], None]) -> None:
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (granted, on_wait)
+        self._waiting.append(entry)
+        on_wait(len(self._waiting))  # the requests it waits behind: those queued before it, +1
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self._release()  # granted as it was cancelled: pass the slot on
+            elif entry in self._waiting:
+                self._waiting.remove(entry)
+                self._tell_positions()
+            raise
+
+    def _release(self) -> None:
+        while self._waiting:
+            granted, _ = self._waiting.popleft()
+            if not granted.done():
+                granted.set_result(None)  # the slot passes straight to the next waiter
+                self._tell_positions()
+                return
+        self._busy -= 1
+
+    def _tell_positions(self) -> None:
+        for index, (_, on_wait) in enumerate(self._waiting, start=1):
+            on_wait(index)
