@@ -235,6 +235,10 @@ class FakeDiscord:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.echo_bot_messages = echo_bot_messages
         self.message_content_intent_enabled = True  # the developer portal switch
+        self.gateway_refused = False
+        """While true, every gateway connection is refused (HTTP 503), counted in
+        ``refused_connections``: a gateway the bot cannot reach, for now."""
+        self.refused_connections = 0
         self.url = ""
         self.port = 0
         self.calls: list[Call] = []
@@ -437,6 +441,11 @@ class FakeDiscord:
         self._store(message)
         self._dispatch("MESSAGE_CREATE", message)
         return message
+
+    def open_dm(self, user_id: int) -> int:
+        """The DM channel with ``user_id``, opened without a message (as the bot's own
+        ``POST /users/@me/channels`` would); returns its id."""
+        return self._dm_channel(user_id)
 
     def replay_message(self, message: _Json) -> None:
         """Dispatch the same MESSAGE_CREATE again, with a new sequence number (a replay)."""
@@ -1502,6 +1511,10 @@ class FakeDiscord:
     async def _gateway(self, request: web.Request) -> web.StreamResponse:
         if self._closing:
             return web.Response(status=503, text="shutting down")
+        if self.gateway_refused:
+            self.refused_connections += 1
+            self._notify()
+            return web.Response(status=503, text="unavailable")
         ws = web.WebSocketResponse(timeout=2.0, max_msg_size=0)
         await ws.prepare(request)
         sock = _Socket(len(self._sockets) + 1, ws, request, request.path_qs)

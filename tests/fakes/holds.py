@@ -5,8 +5,9 @@ reply that cancels its "typing…" request when its text appears leaves that req
 (and, with httpx, possibly its pooled connection taken for good). A fake answers each request
 inside `Holds.answering`: while a hold set with `hold(name, until)` does not allow it yet, the
 answer waits, a handshake on what the fake has seen, never a sleep; `in_flight(name)` counts the
-requests not answered yet, and `abandoned` names every request whose client went away before
-its answer was ready, which a client that never cancels a request in flight does not do.
+requests not answered yet (`most_in_flight(name)`: the most there ever were at once), and
+`abandoned` names every request whose client went away before its answer was ready, which a
+client that never cancels a request in flight does not do.
 """
 
 import asyncio
@@ -30,6 +31,7 @@ class Holds:
         self._changes = changes
         self._rules: dict[str, Until] = {}
         self._in_flight: Counter[str] = Counter()
+        self._most: Counter[str] = Counter()
         self.abandoned: list[str] = []
 
     def hold(self, name: str, until: Until) -> None:
@@ -43,6 +45,9 @@ class Holds:
     def in_flight(self, name: str) -> int:
         return self._in_flight[name]
 
+    def most_in_flight(self, name: str) -> int:
+        return self._most[name]
+
     @contextlib.asynccontextmanager
     async def answering(
         self, request: web.Request, name: str, params: Mapping[str, Any]
@@ -50,6 +55,7 @@ class Holds:
         """Around the making of one answer: waits for its hold, counts it in flight, and notes
         it as abandoned when its client is gone by the time the answer is ready."""
         self._in_flight[name] += 1
+        self._most[name] = max(self._most[name], self._in_flight[name])
         self._changes.notify()
         try:
             rule = self._rules.get(name)

@@ -281,6 +281,10 @@ class FakeSlack:
         self.holds = Holds(self._changes)
         """Held answers, requests in flight and abandoned ones, by Web API method."""
         self._refused: dict[str, str] = {}  # method -> error, for every call
+        self.sockets_refused = False
+        """While true, every Socket Mode connection is refused (HTTP 503), counted in
+        ``refused_sockets``: a Slack the bot cannot connect to, for now."""
+        self.refused_sockets = 0
         self._without: dict[str, str] = {}  # method -> answer field left out
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -409,6 +413,13 @@ class FakeSlack:
             event["thread_ts"] = thread_ts
         self._remember(channel, event)
         self._emit_event(event)
+        return ts
+
+    def unseen_message(self, channel: str, text: str, *, user: str = "U1") -> str:
+        """A person's message that Slack keeps (replies and reactions find it) but sends to no
+        one; returns its ts."""
+        ts = self._new_ts()
+        self._remember(channel, self._person_event(channel, text, user, ts, None, "im"))
         return ts
 
     def slash_command(
@@ -561,6 +572,12 @@ class FakeSlack:
             secret=secret,
             timestamp=timestamp,
         )
+
+    async def post_raw(
+        self, url: str, body: str, content_type: str = "application/json"
+    ) -> tuple[int, str]:
+        """POST ``body`` exactly as given, signed, to the bot's endpoint."""
+        return await self._post_signed(url, body, content_type)
 
     async def post_command(
         self,
@@ -877,6 +894,10 @@ class FakeSlack:
     async def _socket(self, request: web.Request) -> web.StreamResponse:
         if self._closing:
             return web.Response(status=503, text="shutting down")
+        if self.sockets_refused:
+            self.refused_sockets += 1
+            self._notify()
+            return web.Response(status=503, text="unavailable")
         if request.query.get("ticket") not in self._tickets:
             return web.Response(status=401, text="invalid ticket")
         ws = web.WebSocketResponse(timeout=2.0)

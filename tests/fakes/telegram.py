@@ -652,7 +652,8 @@ class FakeTelegram:
                 failure = failures.popleft()
                 raise _ApiError(failure.status, failure.description, failure.retry_after)
             if method.lower() == "getupdates":
-                return await self._get_updates(method, params)
+                async with self.holds.answering(request, "getupdates", params):
+                    return await self._get_updates(method, params)
             handler = self._methods.get(method.lower())
             if handler is None:
                 raise _ApiError(404, "Not Found")

@@ -906,3 +906,21 @@ async def test_new_channel_is_announced(fake: FakeDiscord, bot: Bot) -> None:
     assert isinstance(message.channel, discord.TextChannel) and message.channel.name == "random"
     await lib(message.channel.send("hi"))
     assert [s.content for s in fake.messages(channel_id)] == ["hi"]
+
+
+async def test_a_dm_channel_opened_without_a_message(fake: FakeDiscord, bot: Bot) -> None:
+    dm = fake.open_dm(USER_ID)
+    assert fake.dm_channel(USER_ID) == dm and fake.open_dm(USER_ID) == dm
+    await lib(bot.client.get_partial_messageable(dm).send("hello"))
+    assert [s.content for s in fake.messages(dm)] == ["hello"]
+    assert [e["t"] for e in fake.dispatched].count("MESSAGE_CREATE") == 1, "only the bot's echo"
+
+
+async def test_a_refused_gateway_counts_the_attempts(fake: FakeDiscord, bot: Bot) -> None:
+    fake.gateway_refused = True
+    await fake.drop_gateway()
+    await fake.wait_until(lambda: fake.refused_connections >= 1, what="a refused reconnect")
+    assert not fake.live
+    fake.gateway_refused = False
+    await fake.wait_until(lambda: fake.live, what="the resumed session", timeout=LIBRARY_SECONDS)
+    assert fake.resumes == 1

@@ -819,3 +819,35 @@ async def test_a_held_answer_waits_and_a_request_given_up_is_noted(
     await within(client.chat_postMessage(channel="C1", text="the condition"))
     await fake.wait_until(lambda: fake.holds.in_flight("reactions.add") == 0)
     assert fake.holds.abandoned == ["reactions.add"]
+
+
+async def test_a_raw_body_is_posted_signed_as_given(
+    fake: FakeSlack, http_app: tuple[AsyncApp, str]
+):
+    """A body bolt cannot read fails inside bolt's own web app (500); the fake only posts it."""
+    _, url = http_app
+    status, _ = await within(fake.post_raw(url, '{"type": "event_callback", '))
+    assert status == 500
+
+
+async def test_an_unseen_message_is_kept_but_sent_to_no_one(
+    fake: FakeSlack, client: AsyncWebClient
+):
+    ts = fake.unseen_message("D7", "a question", user="U7")
+    replies = await within(client.conversations_replies(channel="D7", ts=ts))
+    assert [m["text"] for m in replies["messages"]] == ["a question"]
+    assert fake.envelopes == []
+    await within(client.reactions_add(channel="D7", timestamp=ts, name="eyes"))
+    assert fake.reactions("D7", ts) == {"eyes"}
+
+
+async def test_refused_sockets_are_counted_and_none_connects(
+    fake: FakeSlack, client: AsyncWebClient
+):
+    fake.sockets_refused = True
+    opened = await within(client.apps_connections_open(app_token=APP_TOKEN))
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await within(session.ws_connect(opened["url"]))
+    assert refused.value.status == 503
+    assert fake.refused_sockets == 1 and fake.hellos == 0

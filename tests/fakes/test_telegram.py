@@ -734,3 +734,13 @@ async def test_a_held_answer_waits_and_a_request_given_up_is_noted(
     await fake.wait_until(lambda: fake.holds.abandoned == ["sendchataction"])
     assert fake.holds.in_flight("sendchataction") == 0
     assert fake.calls_to("sendChatAction") == [], "never answered"
+
+
+async def test_long_polls_in_flight_are_counted(fake: FakeTelegram, client: Bot) -> None:
+    poll = asyncio.create_task(client.get_updates(timeout=5))
+    await fake.wait_until(lambda: fake.holds.in_flight("getupdates") == 1)
+    fake.user_message(CHAT, "wake up")
+    (update,) = await within(poll)
+    assert update.message is not None and update.message.text == "wake up"
+    assert fake.holds.in_flight("getupdates") == 0
+    assert fake.holds.most_in_flight("getupdates") == 1 and fake.holds.abandoned == []
