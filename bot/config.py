@@ -220,6 +220,9 @@ def _checked(config: Config) -> Config:
         "channels.terminal.frame_interval": config.channels.terminal.frame_interval,
         "channels.telegram.edit_interval": config.channels.telegram.edit_interval,
         "channels.telegram.poll_timeout": config.channels.telegram.poll_timeout,
+        "channels.telegram.final_edit_seconds": config.channels.telegram.final_edit_seconds,
+        "channels.slack.final_edit_seconds": config.channels.slack.final_edit_seconds,
+        "channels.discord.final_edit_seconds": config.channels.discord.final_edit_seconds,
         "channels.slack.edit_interval": config.channels.slack.edit_interval,
         "channels.discord.edit_interval": config.channels.discord.edit_interval,
     }

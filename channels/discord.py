@@ -309,7 +309,7 @@ class DiscordChannel:
             self._handlers.discard(task)
 
     def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
-        return StreamingReply(self._transport(place), self._render, posted)
+        return StreamingReply(self._transport(place), self._render, place, posted)
 
     async def notify(self, place: str, text: str) -> None:
         pending = _answering.get()

@@ -1,8 +1,8 @@
 """How a reply appears on a chat platform, shared by every adapter that edits messages in place.
 
 An adapter supplies a `Transport` (send a message, edit one, show "typing", each in the
-platform's own markup and with its own error mapping); `StreamingReply` does the rest, the same
-way everywhere:
+platform's own markup, with the platform's errors mapped to `RateLimited` and `PlatformError`);
+`StreamingReply` does the rest, the same way everywhere:
 - The reply is one message that grows: the first frame with something to show sends it, later
   frames edit it. The turn's frame pump paces frames (the channel's `frame_interval`, about one
   a second for Telegram), and the reply itself keeps `min_interval` between two changes, the
@@ -13,20 +13,29 @@ way everywhere:
   not edited again.
 - A rate limit (`RateLimited`) delays the next call by what the platform asked. Frames that
   arrive meanwhile are skipped, not queued: the first call after the wait shows the newest state,
-  so edits coalesce and the final text is never lost. `finish` waits out the limit and keeps
-  trying until the final text is shown.
+  so edits coalesce. `finish` waits out every limit and tries again until the final text shows,
+  for up to `final_edit_seconds`; only past that does the platform keep an older text.
+- A refused call (`PlatformError`) costs a frame, logged once per reply; `finish` tries the final
+  text once more and then gives up. A post whose answer lacks the message's id (`LostMessage`)
+  ends the reply's calls: the message cannot be edited, and posting again might show it twice.
+- `delivery` says what the platform shows once `finish` returns: the final text (`SHOWN`), an
+  older one (`STALE`), or nothing (`NOTHING`, not one message posted).
 - Thinking and tool activity appear as one status line under the text while the reply streams,
   and never in the final text. A stopped reply ends with "(stopped)"; a failed one with its reason.
-- "Typing…" shows from the moment the reply opens until the first text is visible.
+- "Typing…" shows from the moment the reply opens until the first text is visible. It stops by
+  an event, never by cancelling: a request cancelled in flight can leave its pooled connection
+  taken for good (httpx/httpcore), and enough of those starve every later call.
 - A platform whose messages can carry a Stop control (`Transport.controls`) gets every message
   sent `live` while the reply streams; `finish` shows each one's final form without it, editing
   a message whose text is already final just to take the control away.
+- A reply taken up after a restart (`posted`) starts from those messages, text unknown, so the
+  final text replaces them; it shows no "typing…", since text is already there.
 """
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,7 +48,7 @@ STOPPED_MARK = "(stopped)"
 INTERRUPTED_MARK = "(interrupted by a restart)"
 TYPING_REFRESH_SECONDS = 4.0
 TYPING_GIVE_UP_SECONDS = 300.0
-FINISH_ATTEMPTS = 10
+FINAL_EDIT_SECONDS = 300.0
 
 
 class RateLimited(Exception):
@@ -50,11 +59,21 @@ class RateLimited(Exception):
         self.retry_after = retry_after
 
 
+class PlatformError(Exception):
+    """The platform refused a call, could not be reached, or answered in a way we cannot use;
+    the message says which, in words for the log."""
+
+
+class LostMessage(PlatformError):
+    """A post went through (or may have), but the answer does not say which message it made."""
+
+
 class Transport(Protocol):
     """One place on one platform (a chat, a thread), in the platform's own terms.
 
     `live` is true while the reply is still being written: a transport with `controls` shows a
-    Stop control on such a message; others ignore it.
+    Stop control on such a message; others ignore it. Every call may raise `RateLimited` or
+    `PlatformError`.
     """
 
     limit: int
@@ -62,11 +81,12 @@ class Transport(Protocol):
     controls: bool
 
     async def send(self, text: str, *, live: bool) -> str:
-        """Post a new message with `text` (Markdown); return its id. May raise RateLimited."""
+        """Post a new message with `text` (Markdown); return its id (`LostMessage` if the
+        platform's answer does not say it)."""
         ...
 
     async def edit(self, message_id: str, text: str, *, live: bool) -> None:
-        """Replace a message's text (Markdown). May raise RateLimited."""
+        """Replace a message's text (Markdown)."""
         ...
 
     async def typing(self) -> None:
@@ -80,6 +100,8 @@ class RenderSettings:
     show_tools: bool = True
     min_interval: float = 0.0
     """Shortest time between two calls that change the reply (the platform's edit rate)."""
+    final_edit_seconds: float = FINAL_EDIT_SECONDS
+    """How long `finish` keeps trying to show the final text through rate limits."""
 
 
 @dataclass
@@ -92,16 +114,26 @@ class _Shown:
 
 class StreamingReply:
     def __init__(
-        self, transport: Transport, settings: RenderSettings, posted: Sequence[str] = ()
+        self,
+        transport: Transport,
+        settings: RenderSettings,
+        place: str,
+        posted: Sequence[str] = (),
     ) -> None:
-        """`posted`: messages an earlier process posted for this reply (taken up again, their
-        text unknown, so the final text replaces them)."""
+        """`place` names the reply in the log; `posted`: messages an earlier process posted for
+        this reply (taken up again, their text unknown, so the final text replaces them)."""
         self._transport = transport
         self._settings = settings
+        self._place = place
         self._shown: list[_Shown] = [_Shown(message_id, "", True) for message_id in posted]
         self._quiet_until = 0.0
+        self._refused = False
+        self._lost: LostMessage | None = None
         self.delivery = Delivery.NOTHING
-        self._typing = asyncio.create_task(self._keep_typing(), name="typing indicator")
+        self._text_shows = asyncio.Event()
+        if self._shown:
+            self._text_shows.set()
+        self._typing = asyncio.create_task(self._keep_typing(), name=f"typing in {place}")
 
     @property
     def posted(self) -> tuple[str, ...]:
@@ -109,37 +141,70 @@ class StreamingReply:
 
     async def update(self, frame: Frame) -> None:
         body = _with_status(frame.text, self._status(frame))
-        if not body:
+        if not body or self._lost is not None:
             return
-        self._stop_typing()
+        self._text_shows.set()
         if asyncio.get_running_loop().time() < self._quiet_until:
             return  # too soon (an interval or a rate limit): a later frame or `finish` shows it
         try:
             await self._show(self._pieces(body), live=True)
         except RateLimited as limited:
             self._keep_quiet(limited.retry_after)
+        except PlatformError as exc:
+            self._frame_refused(exc)
 
     async def finish(self, text: str, outcome: Outcome, note: str | None) -> None:
-        self._stop_typing()
+        """Show the final text, through rate limits for up to `final_edit_seconds`; set
+        `delivery`. A platform that will not show it is logged, never raised."""
+        self._text_shows.set()
         pieces = self._pieces(final_text(text, outcome, note))
-        for _ in range(FINISH_ATTEMPTS):
-            if self._shows_finally(pieces):
-                self.delivery = Delivery.SHOWN
-                return
-            await asyncio.sleep(max(0.0, self._quiet_until - asyncio.get_running_loop().time()))
-            try:
-                await self._show(pieces, live=False)
-                self.delivery = Delivery.SHOWN
-                return
-            except RateLimited as limited:
-                logger.info("rate limited: trying again in %g s", limited.retry_after)
-                self._keep_quiet(limited.retry_after)
+        try:
+            await self._show_finally(pieces)
+            self.delivery = Delivery.SHOWN
+        except (RateLimited, PlatformError) as exc:
+            self._not_shown(exc)
+        except Exception:  # not the platform's answer: a bug, for the caller's log
+            self.delivery = Delivery.STALE if self._shown else Delivery.NOTHING
+            raise
+        await asyncio.shield(self._typing)  # ends at its next turn; a request in flight goes on
+
+    async def _show_finally(self, pieces: list[str]) -> None:
+        if self._lost is not None:
+            raise self._lost
+        await keep_trying(
+            lambda: self._show(pieces, live=False),
+            self._settings.final_edit_seconds,
+            first_wait=self._quiet_until - asyncio.get_running_loop().time(),
+            done=lambda: self._shows_finally(pieces),
+        )
+
+    def _not_shown(self, error: Exception) -> None:
         self.delivery = Delivery.STALE if self._shown else Delivery.NOTHING
-        logger.error("gave up showing a reply's final text after %d rate limits", FINISH_ATTEMPTS)
+        if isinstance(error, RateLimited):
+            platform = self._place.partition(":")[0]
+            error = PlatformError(
+                f"rate limited past [channels.{platform}].final_edit_seconds = "
+                f"{self._settings.final_edit_seconds:g} s"
+            )
+        shows = "an older text" if self._shown else "nothing of it"
+        logger.error(
+            "the final text of the reply in %s could not be shown (%s); the platform shows %s",
+            self._place,
+            error,
+            shows,
+        )
 
     def _shows_finally(self, pieces: list[str]) -> bool:
         shown = self._shown
         return pieces == [s.text for s in shown] and not any(s.live for s in shown)
+
+    def _frame_refused(self, exc: PlatformError) -> None:
+        if isinstance(exc, LostMessage):
+            self._lost = exc
+            logger.error("the reply in %s stops here: %s", self._place, exc)
+        elif not self._refused:
+            self._refused = True
+            logger.warning("a frame of the reply in %s was not shown: %s", self._place, exc)
 
     def _keep_quiet(self, seconds: float) -> None:
         until = asyncio.get_running_loop().time() + seconds
@@ -152,18 +217,21 @@ class StreamingReply:
         """Make the platform show `pieces`: edit what changed, send what is new."""
         called = False
         live = live and self._transport.controls
-        for index, piece in enumerate(pieces):
-            if index < len(self._shown):
-                shown = self._shown[index]
-                if shown.text != piece or shown.live != live:
-                    await self._transport.edit(shown.message_id, piece, live=live)
-                    shown.text, shown.live, called = piece, live, True
-            else:
-                message_id = await self._transport.send(piece, live=live)
-                self._shown.append(_Shown(message_id, piece, live))
-                called = True
-        if called:
-            self._keep_quiet(self._settings.min_interval)
+        try:
+            for index, piece in enumerate(pieces):
+                if index < len(self._shown):
+                    shown = self._shown[index]
+                    if shown.text != piece or shown.live != live:
+                        called = True
+                        await self._transport.edit(shown.message_id, piece, live=live)
+                        shown.text, shown.live = piece, live
+                else:
+                    called = True
+                    message_id = await self._transport.send(piece, live=live)
+                    self._shown.append(_Shown(message_id, piece, live))
+        finally:
+            if called:
+                self._keep_quiet(self._settings.min_interval)
 
     def _status(self, frame: Frame) -> str:
         if frame.activity and self._settings.show_tools:
@@ -173,30 +241,51 @@ class StreamingReply:
         return ""
 
     async def _keep_typing(self) -> None:
-        """Until the first text shows: the platform's indicator, refreshed before it lapses."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(TYPING_GIVE_UP_SECONDS):
-                while True:
-                    try:
-                        await self._transport.typing()
-                    except Exception as exc:  # a missing indicator is not worth a failed reply
-                        logger.debug("typing indicator failed: %s", exc)
-                    await asyncio.sleep(TYPING_REFRESH_SECONDS)
-
-    def _stop_typing(self) -> None:
-        self._typing.cancel()
-
-
-async def send_notice(transport: Transport, text: str) -> None:
-    """A standalone message (a command's answer, a refusal), split at the limit, sent in full
-    even through rate limits."""
-    for piece in split_message(text, transport.limit, transport.measure):
-        for _ in range(FINISH_ATTEMPTS):
+        """Until the first text shows: the platform's indicator, refreshed before it lapses.
+        Ends between two requests, never during one."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + TYPING_GIVE_UP_SECONDS
+        while not self._text_shows.is_set() and loop.time() < give_up:
             try:
-                await transport.send(piece, live=False)
-                break
-            except RateLimited as limited:
-                await asyncio.sleep(limited.retry_after)
+                await self._transport.typing()
+            except Exception as exc:  # a missing indicator is not worth a failed reply
+                logger.debug("typing indicator in %s failed: %s", self._place, exc)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TYPING_REFRESH_SECONDS):
+                    await self._text_shows.wait()
+
+
+async def keep_trying(
+    attempt: Callable[[], Awaitable[object]],
+    seconds: float,
+    *,
+    first_wait: float = 0.0,
+    done: Callable[[], bool] = lambda: False,
+) -> None:
+    """Call `attempt` until it is not rate limited (or `done()` says nothing is left to do),
+    waiting before each try as long as the platform asked. Raises the last `RateLimited` once
+    the next try would come later than `seconds` from now."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    wait = max(0.0, first_wait)
+    while not done():
+        if loop.time() + wait > deadline:
+            raise RateLimited(wait)
+        await asyncio.sleep(wait)
+        try:
+            await attempt()
+            return
+        except RateLimited as limited:
+            logger.info("rate limited: trying again in %g s", limited.retry_after)
+            wait = limited.retry_after
+
+
+async def send_notice(transport: Transport, text: str, seconds: float = FINAL_EDIT_SECONDS) -> None:
+    """A standalone message (a command's answer, a refusal), split at the limit, sent in full
+    through rate limits for up to `seconds` a piece. Raises `PlatformError` (or `RateLimited`
+    past the deadline) when a piece cannot be sent."""
+    for piece in split_message(text, transport.limit, transport.measure):
+        await keep_trying(lambda piece=piece: transport.send(piece, live=False), seconds)
 
 
 def final_text(text: str, outcome: Outcome, note: str | None) -> str:

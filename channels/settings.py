@@ -27,6 +27,7 @@ class TelegramSettings:
     show_thinking: bool = True
     show_tools: bool = True
     edit_interval: float = 1.0
+    final_edit_seconds: float = 300.0
     poll_timeout: int = 30
     base_url: str = "https://api.telegram.org/bot"
     base_file_url: str = "https://api.telegram.org/file/bot"
@@ -47,6 +48,7 @@ class SlackSettings:
     show_thinking: bool = True
     show_tools: bool = True
     edit_interval: float = 1.0
+    final_edit_seconds: float = 300.0
     http_host: str = "127.0.0.1"
     http_port: int = 3000
     http_path: str = "/slack/events"
@@ -68,5 +70,6 @@ class DiscordSettings:
     show_thinking: bool = True
     show_tools: bool = True
     edit_interval: float = 1.0
+    final_edit_seconds: float = 300.0
     api_base: str = "https://discord.com/api/v10"
     gateway_url: str = "wss://gateway.discord.gg/"

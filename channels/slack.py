@@ -228,7 +228,7 @@ class SlackChannel:
         transport = SlackTransport(
             self._client, _Where.of(place), working_on, self._settings.working_reaction
         )
-        return StreamingReply(transport, self._render, posted)
+        return StreamingReply(transport, self._render, place, posted)
 
     async def notify(self, place: str, text: str) -> None:
         await send_notice(SlackTransport(self._client, _Where.of(place)), text)

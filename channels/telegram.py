@@ -177,7 +177,7 @@ class TelegramChannel:
         chat_id = _chat_id(place)
         message_id = int(reply_to.rsplit(":", 1)[1]) if reply_to else None
         transport = TelegramTransport(self._bot, chat_id, message_id)
-        return StreamingReply(transport, self._render, posted)
+        return StreamingReply(transport, self._render, place, posted)
 
     async def notify(self, place: str, text: str) -> None:
         await send_notice(TelegramTransport(self._bot, _chat_id(place), None), text)

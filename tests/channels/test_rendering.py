@@ -1,21 +1,29 @@
-"""StreamingReply on a recording transport: growth by edits, overflow, rate limits, marks."""
+"""StreamingReply on a recording transport: growth by edits, overflow, rate limits, refusals,
+marks, "typing…", and replies taken up after a restart."""
 
 import asyncio
 
 import pytest
 
 from channels.rendering import (
+    LostMessage,
+    PlatformError,
     RateLimited,
     RenderSettings,
     StreamingReply,
     final_text,
     send_notice,
 )
-from core.channel import Frame, Outcome
+from core.channel import Delivery, Frame, Outcome
+
+PLACE = "test:board"
+GUARD_SECONDS = 5  # no test here waits this long unless something is wrong
 
 
 class Board:
-    """A platform as a list of messages; `limited` makes the next calls raise RateLimited."""
+    """A platform as a list of messages. `limited` makes the next calls raise RateLimited,
+    `refusals` raise what they hold; `typing_gate`, once set to an event, keeps each "typing…"
+    call in flight until it is set."""
 
     limit = 50
 
@@ -25,7 +33,10 @@ class Board:
         self.live: list[bool] = []
         self.calls: list[str] = []
         self.typing_shown = asyncio.Event()
+        self.typing_gate: asyncio.Event | None = None
+        self.typings_completed = 0
         self.limited: list[float] = []
+        self.refusals: list[PlatformError] = []
 
     @staticmethod
     def measure(text: str) -> int:
@@ -45,9 +56,14 @@ class Board:
     async def typing(self) -> None:
         self.calls.append("typing")
         self.typing_shown.set()
+        if self.typing_gate is not None:
+            await self.typing_gate.wait()
+        self.typings_completed += 1
 
     def _maybe_limit(self, call: str) -> None:
         self.calls.append(call)
+        if self.refusals:
+            raise self.refusals.pop(0)
         if self.limited:
             raise RateLimited(self.limited.pop(0))
 
@@ -58,7 +74,7 @@ def board() -> Board:
 
 
 async def test_a_reply_grows_in_one_message(board: Board) -> None:
-    reply = StreamingReply(board, RenderSettings())
+    reply = StreamingReply(board, RenderSettings(), PLACE)
     await reply.update(Frame("Hello"))
     await reply.update(Frame("Hello there"))
     await reply.finish("Hello there.", Outcome.DONE, None)
@@ -68,7 +84,7 @@ async def test_a_reply_grows_in_one_message(board: Board) -> None:
 
 
 async def test_typing_shows_until_the_first_text(board: Board) -> None:
-    reply = StreamingReply(board, RenderSettings())
+    reply = StreamingReply(board, RenderSettings(), PLACE)
     await board.typing_shown.wait()
     await reply.update(Frame("Hi"))
     await reply.finish("Hi", Outcome.DONE, None)
@@ -77,7 +93,7 @@ async def test_typing_shows_until_the_first_text(board: Board) -> None:
 
 async def test_overflow_continues_in_a_new_message_and_keeps_fences(board: Board) -> None:
     text = "First paragraph here.\n\n```py\nprint(1)\nprint(2)\nprint(3)\nprint(4)\n```"
-    reply = StreamingReply(board, RenderSettings())
+    reply = StreamingReply(board, RenderSettings(), PLACE)
     await reply.update(Frame(text[:30]))
     await reply.finish(text, Outcome.DONE, None)
 
@@ -87,7 +103,7 @@ async def test_overflow_continues_in_a_new_message_and_keeps_fences(board: Board
 
 
 async def test_status_line_shows_while_streaming_but_not_at_the_end(board: Board) -> None:
-    reply = StreamingReply(board, RenderSettings())
+    reply = StreamingReply(board, RenderSettings(), PLACE)
     await reply.update(Frame("", thinking="hmm"))
     assert board.messages == ["_thinking…_"]
     await reply.update(Frame("Answer", activity="using current_time…"))
@@ -97,7 +113,7 @@ async def test_status_line_shows_while_streaming_but_not_at_the_end(board: Board
 
 
 async def test_status_line_can_be_switched_off(board: Board) -> None:
-    reply = StreamingReply(board, RenderSettings(show_thinking=False, show_tools=False))
+    reply = StreamingReply(board, RenderSettings(show_thinking=False, show_tools=False), PLACE)
     await reply.update(Frame("", thinking="hmm"))
     await reply.update(Frame("Answer", activity="using current_time…"))
     await reply.finish("Answer", Outcome.DONE, None)
@@ -105,7 +121,7 @@ async def test_status_line_can_be_switched_off(board: Board) -> None:
 
 
 async def test_a_rate_limit_skips_frames_until_it_ends(board: Board) -> None:
-    reply = StreamingReply(board, RenderSettings())
+    reply = StreamingReply(board, RenderSettings(), PLACE)
     await reply.update(Frame("one"))
     board.limited = [60]
     await reply.update(Frame("one two"))
@@ -115,7 +131,7 @@ async def test_a_rate_limit_skips_frames_until_it_ends(board: Board) -> None:
 
 
 async def test_finish_waits_out_a_rate_limit_then_shows_everything(board: Board) -> None:
-    reply = StreamingReply(board, RenderSettings())
+    reply = StreamingReply(board, RenderSettings(), PLACE)
     await reply.update(Frame("one"))
     board.limited = [0.05]
     await reply.update(Frame("one two"))
@@ -126,7 +142,7 @@ async def test_finish_waits_out_a_rate_limit_then_shows_everything(board: Board)
 
 
 async def test_finish_retries_until_the_final_text_is_shown(board: Board) -> None:
-    reply = StreamingReply(board, RenderSettings())
+    reply = StreamingReply(board, RenderSettings(), PLACE)
     await reply.update(Frame("partial"))
     board.limited = [0.01, 0.01]
     await reply.finish("partial and final", Outcome.DONE, None)
@@ -151,7 +167,7 @@ async def test_a_notice_is_sent_in_full_through_a_rate_limit(board: Board) -> No
 async def test_the_final_edit_keeps_the_interval_too(board: Board) -> None:
     """Regression: the last edit of a stream used to come as soon as the stream ended, sooner
     than the platform's edit interval after the previous edit."""
-    reply = StreamingReply(board, RenderSettings(min_interval=0.05))
+    reply = StreamingReply(board, RenderSettings(min_interval=0.05), PLACE)
     loop = asyncio.get_running_loop()
     await reply.update(Frame("one"))
     shown_at = loop.time()
@@ -163,7 +179,7 @@ async def test_the_final_edit_keeps_the_interval_too(board: Board) -> None:
 
 
 async def test_finish_with_nothing_new_makes_no_call(board: Board) -> None:
-    reply = StreamingReply(board, RenderSettings(min_interval=60))
+    reply = StreamingReply(board, RenderSettings(min_interval=60), PLACE)
     await reply.update(Frame("all of it"))
     await reply.finish("all of it", Outcome.DONE, None)
     assert board.calls.count("edit") == 0
@@ -172,7 +188,7 @@ async def test_finish_with_nothing_new_makes_no_call(board: Board) -> None:
 
 async def test_controls_show_while_streaming_and_go_with_the_final_form() -> None:
     board = Board(controls=True)
-    reply = StreamingReply(board, RenderSettings())
+    reply = StreamingReply(board, RenderSettings(), PLACE)
     await reply.update(Frame("Half of it"))
     assert board.live == [True]
     await reply.finish("Half of it, and the rest.", Outcome.DONE, None)
@@ -182,7 +198,7 @@ async def test_controls_show_while_streaming_and_go_with_the_final_form() -> Non
 
 async def test_controls_are_taken_away_even_when_the_text_is_already_final() -> None:
     board = Board(controls=True)
-    reply = StreamingReply(board, RenderSettings(min_interval=0.05))
+    reply = StreamingReply(board, RenderSettings(min_interval=0.05), PLACE)
     loop = asyncio.get_running_loop()
     await reply.update(Frame("all of it"))
     shown_at = loop.time()
@@ -194,9 +210,108 @@ async def test_controls_are_taken_away_even_when_the_text_is_already_final() -> 
 
 async def test_every_overflow_message_loses_its_control_at_the_end() -> None:
     board = Board(controls=True)
-    reply = StreamingReply(board, RenderSettings())
+    reply = StreamingReply(board, RenderSettings(), PLACE)
     await reply.update(Frame("word " * 8))
     await reply.update(Frame("word " * 16))
     assert board.live == [True, True]
     await reply.finish("word " * 16, Outcome.DONE, None)
     assert board.live == [False, False]
+
+
+async def test_finish_keeps_trying_through_a_long_storm_of_rate_limits(board: Board) -> None:
+    """Regression: finishing gave up after ten rate limits and the platform kept an older text."""
+    reply = StreamingReply(board, RenderSettings(), PLACE)
+    await reply.update(Frame("partial"))
+    board.limited = [0.001] * 30
+    await reply.finish("partial and final", Outcome.DONE, None)
+    assert board.messages == ["partial and final"]
+    assert reply.delivery is Delivery.SHOWN and board.limited == []
+
+
+async def test_finish_gives_up_when_the_wait_would_pass_its_deadline(
+    board: Board, caplog: pytest.LogCaptureFixture
+) -> None:
+    reply = StreamingReply(board, RenderSettings(final_edit_seconds=1), "telegram:7")
+    await reply.update(Frame("partial"))
+    board.limited = [60]
+    async with asyncio.timeout(GUARD_SECONDS):  # gives up at once, without waiting a minute
+        await reply.finish("partial and final", Outcome.DONE, None)
+    assert board.messages == ["partial"]
+    assert reply.delivery is Delivery.STALE and reply.posted == ("0",)
+    assert "the platform shows an older text" in caplog.text
+    assert "[channels.telegram].final_edit_seconds" in caplog.text
+
+
+async def test_a_reply_never_posted_ends_with_nothing_shown(board: Board) -> None:
+    reply = StreamingReply(board, RenderSettings(final_edit_seconds=1), PLACE)
+    board.limited = [60, 60]
+    await reply.update(Frame("partial"))
+    async with asyncio.timeout(GUARD_SECONDS):
+        await reply.finish("all of it", Outcome.DONE, None)
+    assert board.messages == [] and reply.posted == ()
+    assert reply.delivery is Delivery.NOTHING
+
+
+async def test_a_refused_frame_is_logged_once_and_the_final_text_still_tried(
+    board: Board, caplog: pytest.LogCaptureFixture
+) -> None:
+    reply = StreamingReply(board, RenderSettings(), PLACE)
+    await reply.update(Frame("one"))
+    board.refusals = [PlatformError("refused an edit"), PlatformError("refused an edit")]
+    await reply.update(Frame("one two"))
+    await reply.update(Frame("one two three"))
+    await reply.finish("one two three four", Outcome.DONE, None)
+    assert board.messages == ["one two three four"]
+    assert reply.delivery is Delivery.SHOWN
+    assert caplog.text.count("refused an edit") == 1
+
+
+async def test_a_refused_final_text_is_not_retried(board: Board) -> None:
+    reply = StreamingReply(board, RenderSettings(), PLACE)
+    await reply.update(Frame("one"))
+    board.refusals = [PlatformError("refused an edit")]
+    await reply.finish("one two", Outcome.DONE, None)
+    assert board.messages == ["one"] and reply.delivery is Delivery.STALE
+    assert board.calls.count("edit") == 1
+
+
+async def test_a_post_whose_answer_lacks_its_id_ends_the_replys_calls(board: Board) -> None:
+    reply = StreamingReply(board, RenderSettings(), PLACE)
+    board.refusals = [LostMessage("answered without the message's id")]
+    await reply.update(Frame("one"))
+    await reply.update(Frame("one two"))
+    await reply.finish("one two three", Outcome.DONE, None)
+    assert [call for call in board.calls if call != "typing"] == ["send"]
+    assert reply.posted == () and reply.delivery is Delivery.NOTHING
+
+
+async def test_typing_in_flight_is_let_finish_when_the_text_appears(board: Board) -> None:
+    """Regression: the first text cancelled the typing indicator's task, cutting off its
+    request in flight (which with httpx can keep a pooled connection taken for good)."""
+    board.typing_gate = asyncio.Event()
+    reply = StreamingReply(board, RenderSettings(), PLACE)
+    await board.typing_shown.wait()
+    await reply.update(Frame("Hi"))
+    board.typing_gate.set()
+    await reply.finish("Hi.", Outcome.DONE, None)
+    assert board.typings_completed == 1
+    assert board.calls.count("typing") == 1, "and no other once the text shows"
+
+
+async def test_a_reply_taken_up_after_a_restart_replaces_its_message() -> None:
+    board = Board(controls=True)
+    board.messages, board.live = ["Half an answer"], [True]
+    reply = StreamingReply(board, RenderSettings(), PLACE, posted=("0",))
+    await reply.finish("Half an answer", Outcome.INTERRUPTED, None)
+    assert board.messages == ["Half an answer (interrupted by a restart)"]
+    assert board.live == [False], "its Stop control is gone"
+    assert "typing" not in board.calls, "its text is already there"
+    assert reply.posted == ("0",) and reply.delivery is Delivery.SHOWN
+
+
+async def test_a_notice_past_its_deadline_is_an_error(board: Board) -> None:
+    board.limited = [60]
+    with pytest.raises(RateLimited):
+        async with asyncio.timeout(GUARD_SECONDS):
+            await send_notice(board, "hello", seconds=1)
+    assert board.messages == []
