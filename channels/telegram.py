@@ -5,7 +5,10 @@ instead of the library's `Updater`: Telegram forgets an update only once a later
 confirms it (its `offset`), and the updater confirms everything it fetched whatever became of it.
 Here an update is confirmed only once the dispatcher has recorded its message, so a message that
 arrives while the database is away is fetched again later instead of being lost. An update that
-cannot be parsed or handled is logged and confirmed, so it never blocks the ones behind it.
+cannot be parsed or handled is confirmed, so it never blocks the ones behind it, and logged in one
+line with its id (at most one such line every few seconds: `ThrottledLog`). A message with
+nothing the bot can read (a sticker, a voice note) is handed over with empty text, so the core
+can say what it takes.
 A batch's chats are handed over side by side, each chat's messages in order; handing a message
 over only records it and queues its turn, so one chat's long reply never delays another and
 `/stop` is read while a reply streams.
@@ -18,7 +21,14 @@ answered twice.
 Replies are written by `channels.rendering.StreamingReply` through `TelegramTransport`: Markdown
 becomes Telegram HTML, and if Telegram still rejects the entities the same text goes out plain,
 so nothing is lost to a formatting quirk. Telegram's errors are mapped here and nowhere else:
-429 → `RateLimited`, "message is not modified" → nothing to do.
+429 → `RateLimited`, "message is not modified" → nothing to do, any other refusal or network
+failure → `PlatformError`, an answer without the message → `LostMessage`.
+
+Stopping never cancels a request in flight (a cancelled httpx request can keep its pooled
+connection taken for good): the long poll is awaited through a shield, so `stop_receiving`
+returns at once and the poll itself ends when Telegram answers it or `close` shuts the
+connections. `connected` follows the polls: cleared, with `problem` saying why, while Telegram
+cannot be reached; `run` can be called again after it raised.
 """
 
 import asyncio
@@ -37,8 +47,16 @@ from telegram.error import BadRequest, InvalidToken, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
 from channels.formatting import telegram_html, utf16_len
-from channels.rendering import RateLimited, RenderSettings, StreamingReply, send_notice
+from channels.rendering import (
+    LostMessage,
+    PlatformError,
+    RateLimited,
+    RenderSettings,
+    StreamingReply,
+    send_notice,
+)
 from channels.settings import TelegramSettings
+from channels.throttled_log import ThrottledLog
 from core.channel import ChannelMessage, ChannelTraits, Deliver, Reply
 from core.commands import COMMANDS
 from core.errors import ChannelError, StoreError
@@ -54,6 +72,7 @@ PLATFORM = "telegram"
 MESSAGE_LIMIT = 4096
 CONNECTION_POOL_SIZE = 256  # python-telegram-bot's Application default, for many chats at once
 POLL_PAUSE_SECONDS, MAX_POLL_PAUSE_SECONDS = 1.0, 30.0
+CONFIRM_SECONDS = 5.0  # the wait for Telegram's answer to the confirming call at a stop
 
 
 class TelegramTransport:
@@ -70,7 +89,7 @@ class TelegramTransport:
 
     async def send(self, text: str, *, live: bool) -> str:
         reply = ReplyParameters(self._reply_to, allow_sending_without_reply=True)
-        with _mapped_errors():
+        with _mapped_errors("sendMessage"):
             try:
                 sent = await self._bot.send_message(
                     self._chat_id,
@@ -87,7 +106,7 @@ class TelegramTransport:
         return str(sent.message_id)
 
     async def edit(self, message_id: str, text: str, *, live: bool) -> None:
-        with _mapped_errors():
+        with _mapped_errors("editMessageText"):
             try:
                 await self._bot.edit_message_text(
                     telegram_html(text),
@@ -106,17 +125,28 @@ class TelegramTransport:
                 )
 
     async def typing(self) -> None:
-        with _mapped_errors():
+        with _mapped_errors("sendChatAction"):
             await self._bot.send_chat_action(self._chat_id, ChatAction.TYPING)
 
 
 class TelegramChannel:
     platform = PLATFORM
 
-    def __init__(self, settings: TelegramSettings, token: str) -> None:
+    def __init__(
+        self,
+        settings: TelegramSettings,
+        token: str,
+        *,
+        connection_pool_size: int = CONNECTION_POOL_SIZE,
+    ) -> None:
+        """`connection_pool_size`: connections for every call but the long poll (tests make
+        it small, so that one connection never given back would soon show)."""
         self._settings = settings
         self._render = RenderSettings(
-            settings.show_thinking, settings.show_tools, min_interval=settings.edit_interval
+            settings.show_thinking,
+            settings.show_tools,
+            min_interval=settings.edit_interval,
+            final_edit_seconds=settings.final_edit_seconds,
         )
         self.traits = ChannelTraits(frame_interval=settings.edit_interval)
         self._updates_request = HTTPXRequest(read_timeout=settings.poll_timeout + 10)
@@ -124,54 +154,52 @@ class TelegramChannel:
             token,
             base_url=settings.base_url,
             base_file_url=settings.base_file_url,
-            request=HTTPXRequest(connection_pool_size=CONNECTION_POOL_SIZE),
+            request=HTTPXRequest(connection_pool_size=connection_pool_size),
             get_updates_request=self._updates_request,
         )
         self._deliver: Deliver | None = None
         self._stopping = asyncio.Event()
         self.connected = asyncio.Event()
+        """Set while polls reach Telegram."""
         self.problem: str | None = None
         self._offset: int | None = None
         """The first update not yet confirmed to Telegram (None: none seen yet)."""
+        self._fetch: asyncio.Future[list[dict[str, Any]]] | None = None
+        """The `getUpdates` in flight, if any: shielded, never cancelled."""
+        self._unreadable = ThrottledLog(logger)
 
     async def problems(self) -> list[str]:
-        """What `kaiwa check` reports for Telegram: a token Telegram does not accept."""
+        """What `kaiwa check` reports for Telegram: a token Telegram does not accept, or a
+        Telegram it cannot reach."""
         try:
-            async with asyncio.timeout(30):
-                await self._bot.initialize()  # asks getMe; `run` will not ask again
+            await self._bot.initialize()  # asks getMe (within the library's timeouts) once
         except InvalidToken:
             return [_token_problem(self._settings)]
-        except (TelegramError, TimeoutError) as exc:
-            return [f"cannot reach Telegram at {self._settings.base_url}: {exc}"]
+        except TelegramError as exc:
+            return [self._unreachable(exc)]
         return []
 
     async def run(self, deliver: Deliver) -> None:
         self._deliver = deliver
-        try:
-            await self._bot.initialize()
-        except InvalidToken as exc:
-            raise ChannelError(_token_problem(self._settings)) from exc
-        await self._bot.set_my_commands([BotCommand(n, s) for n, s in COMMANDS])
-        await self._bot.delete_webhook()  # a webhook left set would refuse every getUpdates
-        logger.info("Telegram: polling as @%s", self._bot.username)
-        self.connected.set()
+        await self._start()
         polling = asyncio.create_task(self._poll(), name="telegram polling")
         stopping = asyncio.create_task(self._stopping.wait(), name="telegram stopping")
         try:
             await asyncio.wait({polling, stopping}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (polling, stopping):
-                task.cancel()  # a long poll in flight is abandoned: the bot closes soon after
-            await asyncio.gather(polling, stopping, return_exceptions=True)
-        if polling.done() and not polling.cancelled() and polling.exception() is not None:
-            raise polling.exception()  # type: ignore[misc]
+            stopping.cancel()
+            await self._stop_polling(polling)
+            self.connected.clear()
         await self._confirm()
 
     async def stop_receiving(self) -> None:
         self._stopping.set()
 
     async def close(self) -> None:
+        """Close the connections; a long poll still in flight ends with them."""
         await self._bot.shutdown()
+        if self._fetch is not None:
+            await asyncio.gather(self._fetch, return_exceptions=True)
 
     def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
         chat_id = _chat_id(place)
@@ -180,31 +208,87 @@ class TelegramChannel:
         return StreamingReply(transport, self._render, place, posted)
 
     async def notify(self, place: str, text: str) -> None:
-        await send_notice(TelegramTransport(self._bot, _chat_id(place), None), text)
+        transport = TelegramTransport(self._bot, _chat_id(place), None)
+        await send_notice(transport, text, self._settings.final_edit_seconds)
+
+    # -- connecting ----------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        """Log in, register the commands, take over from any webhook. A token Telegram refuses
+        raises `ChannelError` (a person must fix it); a Telegram that cannot be reached raises
+        `PlatformError` (trying again later may do); either sets `problem`."""
+        try:
+            await self._bot.initialize()
+            await self._bot.set_my_commands([BotCommand(n, s) for n, s in COMMANDS])
+            await self._bot.delete_webhook()  # a webhook left set would refuse every getUpdates
+        except InvalidToken as exc:
+            raise self._cannot_connect(ChannelError(_token_problem(self._settings))) from exc
+        except TelegramError as exc:
+            raise self._cannot_connect(PlatformError(self._unreachable(exc))) from exc
+        self.problem = None
+        self.connected.set()
+        logger.info("Telegram: polling as @%s", self._bot.username)
+
+    def _cannot_connect(self, error: Exception) -> Exception:
+        self.connected.clear()
+        self.problem = str(error)
+        return error
+
+    def _unreachable(self, exc: Exception) -> str:
+        return (
+            f"cannot reach Telegram at {self._settings.base_url} ({exc}): check the network "
+            "and [channels.telegram].base_url"
+        )
 
     # -- receiving -----------------------------------------------------------------------------
 
     async def _poll(self) -> None:
         """Fetch updates and hand each over in order; confirm an update only once it is recorded
-        (or will never be: ignored, unparseable). A message the store could not record stops the
-        batch there, and after a pause it and those after it are fetched again."""
+        (or will never be: ignored, unreadable). A message the store could not record stops the
+        batch there, and after a pause it and those after it are fetched again. Stops between
+        two polls once `stop_receiving` was called; a batch fetched after that is left to the
+        next start."""
         pause = POLL_PAUSE_SECONDS
-        while True:
+        while not self._stopping.is_set():
             try:
-                batch = await self._get_updates(timeout=self._settings.poll_timeout)
+                batch = await self._fetch_updates()
             except InvalidToken as exc:
-                raise ChannelError(_token_problem(self._settings)) from exc
+                raise self._cannot_connect(ChannelError(_token_problem(self._settings))) from exc
             except RetryAfter as exc:
-                await asyncio.sleep(_seconds(exc))
+                await self._pause(_seconds(exc))
                 continue
             except TelegramError as exc:
+                self.connected.clear()
+                self.problem = self._unreachable(exc)
                 logger.warning("Telegram: fetching updates failed (%s); again in %g s", exc, pause)
-                await asyncio.sleep(pause)
+                await self._pause(pause)
                 pause = min(pause * 2, MAX_POLL_PAUSE_SECONDS)
                 continue
             pause = POLL_PAUSE_SECONDS
-            if batch and not await self._hand_over(batch):
-                await asyncio.sleep(POLL_PAUSE_SECONDS)  # the store already waited its turn
+            self.problem = None
+            self.connected.set()
+            if batch and not self._stopping.is_set() and not await self._hand_over(batch):
+                await self._pause(POLL_PAUSE_SECONDS)  # the store already waited its turn
+
+    async def _fetch_updates(self) -> list[dict[str, Any]]:
+        """One long poll, shielded: cancelling the wait for it never cancels the request."""
+        self._fetch = asyncio.ensure_future(self._get_updates(timeout=self._settings.poll_timeout))
+        return await asyncio.shield(self._fetch)
+
+    async def _stop_polling(self, polling: asyncio.Task[None]) -> None:
+        """Let the polling loop end: a batch being handed over is finished first; a long poll
+        is left in flight (only the wait for it is cancelled). Raise what ended the loop."""
+        if not polling.done() and self._fetch is not None and not self._fetch.done():
+            polling.cancel()
+        await asyncio.gather(polling, return_exceptions=True)
+        if not polling.cancelled() and polling.exception() is not None:
+            raise polling.exception()  # type: ignore[misc]
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait `seconds`, or less if the channel stops meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
 
     async def _hand_over(self, batch: list[dict[str, Any]]) -> bool:
         """Hand a batch to the dispatcher: each chat's updates in order, chats side by side (a
@@ -228,51 +312,63 @@ class TelegramChannel:
         self._offset = min(unrecorded) if unrecorded else batch[-1]["update_id"] + 1
         return not unrecorded
 
-    async def _get_updates(self, **parameters: object) -> list[dict[str, Any]]:
+    async def _get_updates(
+        self, read_timeout: float | None = None, **parameters: object
+    ) -> list[dict[str, Any]]:
         """`getUpdates`, unparsed (the library's own method parses the whole batch at once, so
-        one update it cannot parse would fail them all)."""
+        one update it cannot parse would fail them all). `read_timeout`: the library's wait for
+        the answer, if not the long poll's."""
         query = {"offset": self._offset, **parameters, "allowed_updates": [Update.MESSAGE]}
         encoded = urlencode({k: json.dumps(v) for k, v in query.items() if v is not None})
-        result = await self._updates_request.post(
-            f"{self._settings.base_url}{self._bot.token}/getUpdates?{encoded}"
-        )
+        url = f"{self._settings.base_url}{self._bot.token}/getUpdates?{encoded}"
+        if read_timeout is None:
+            result = await self._updates_request.post(url)
+        else:
+            result = await self._updates_request.post(url, read_timeout=read_timeout)
         return list(result) if isinstance(result, list) else []
 
     async def _confirm(self) -> None:
         """Tell Telegram which updates were handled, so a restart does not fetch them again."""
         if self._offset is None:
             return
-        with contextlib.suppress(TelegramError, TimeoutError):
-            async with asyncio.timeout(5):
-                await self._get_updates(timeout=0, limit=1)
+        with contextlib.suppress(TelegramError):
+            await self._get_updates(CONFIRM_SECONDS, timeout=0, limit=1)
 
     async def _receive(self, raw: dict[str, Any]) -> None:
         """Hand one update's message to the dispatcher; raises `StoreError` if it could not be
         recorded. Anything else wrong with the update is logged, and the update is let go."""
         try:
-            update = Update.de_json(raw, self._bot)
-            message = update.effective_message if update is not None else None
-            if message is None or message.from_user is None or self._deliver is None:
-                return
-            text = self._addressed_text(message)
-            if text is None:
-                return
-            await self._deliver(
-                ChannelMessage(
-                    platform=PLATFORM,
-                    place=f"{PLATFORM}:{message.chat_id}",
-                    message_id=f"{message.chat_id}:{message.message_id}",
-                    author_id=str(message.from_user.id),
-                    author_name=message.from_user.full_name,
-                    text=text,
-                    images=await self._images(message),
-                    redeliverable=True,
-                )
-            )
+            await self._deliver_update(raw)
         except StoreError:
             raise
-        except Exception:
-            logger.exception("Telegram update %s could not be handled; skipped", raw["update_id"])
+        except Exception as exc:
+            self._unreadable.warning(
+                "Telegram update %s could not be read or handled (%s: %s); skipped",
+                raw.get("update_id"),
+                type(exc).__name__,
+                exc,
+            )
+
+    async def _deliver_update(self, raw: dict[str, Any]) -> None:
+        update = Update.de_json(raw, self._bot)
+        message = update.effective_message if update is not None else None
+        if message is None or message.from_user is None or self._deliver is None:
+            return
+        text = self._addressed_text(message)
+        if text is None:
+            return
+        await self._deliver(
+            ChannelMessage(
+                platform=PLATFORM,
+                place=f"{PLATFORM}:{message.chat_id}",
+                message_id=f"{message.chat_id}:{message.message_id}",
+                author_id=str(message.from_user.id),
+                author_name=message.from_user.full_name,
+                text=text,
+                images=await self._images(message),
+                redeliverable=True,
+            )
+        )
 
     def _addressed_text(self, message: Message) -> str | None:
         """The text meant for the bot, or None when the message is not for it."""
@@ -300,11 +396,15 @@ class TelegramChannel:
 
 
 @contextlib.contextmanager
-def _mapped_errors() -> Iterator[None]:
+def _mapped_errors(method: str) -> Iterator[None]:
     try:
         yield
     except RetryAfter as exc:
         raise RateLimited(_seconds(exc)) from exc
+    except TelegramError as exc:
+        raise PlatformError(f"Telegram {method} failed: {exc}") from exc
+    except (KeyError, TypeError, ValueError) as exc:  # the library could not read the answer
+        raise LostMessage(f"Telegram answered {method} without a usable message ({exc})") from exc
 
 
 def _chat_of(raw: dict[str, Any]) -> object:

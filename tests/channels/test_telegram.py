@@ -1,19 +1,22 @@
 """Telegram beyond the shared conformance suite: what only Telegram has, through the real
 python-telegram-bot against the fake Bot API and the fake Ollama."""
 
+import asyncio
 import base64
+from typing import Any
 
 import pytest
 
+from channels.rendering import PlatformError
 from channels.settings import TelegramSettings
 from channels.telegram import TelegramChannel
 from core.commands import COMMANDS
 from core.errors import ChannelError
 from core.store import Store
-from tests.channels.platforms import ANN, BOB, telegram_platform
+from tests.channels.platforms import ALLOWED, ANN, BOB, running, telegram_platform
 from tests.databases import IMPATIENT, Outage, open_store
 from tests.fakes.ollama import Pause, Text
-from tests.fakes.telegram import FakeTelegram
+from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
 from tests.harness import BotFactory
 
 GROUP = -100500
@@ -236,3 +239,93 @@ async def test_a_message_is_confirmed_to_telegram_only_once_it_is_recorded(
             lambda: telegram.shown(ANN) == ["Recorded, then answered."], "the reply"
         )
         await fake.wait_until(lambda: fake.confirmed_offset > update, what="the confirmation")
+
+
+def channel_on(fake: FakeTelegram, **settings: Any) -> TelegramChannel:
+    return TelegramChannel(
+        TelegramSettings(base_url=fake.base_url, base_file_url=fake.base_file_url, **settings),
+        BOT_TOKEN,
+    )
+
+
+async def test_an_unreadable_update_is_one_line_confirmed_and_skipped(
+    make_bot: BotFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: an update python-telegram-bot could not parse was never confirmed, so it was
+    fetched again hundreds of times a second, each time with a traceback, and every message
+    behind it waited."""
+    async with telegram_platform(make_bot) as telegram:
+        fake = telegram.fake
+        telegram.bot.ollama.script(Text("Still here."))
+        unreadable = [  # no date, no sender: the library cannot parse them
+            fake.push_update({"message": {"message_id": 500 + n, "chat": {"id": ANN}}})
+            for n in range(3)
+        ]
+        telegram.say(ANN, "hello")
+        await telegram.wait_until(lambda: telegram.shown(ANN) == ["Still here."], "the reply")
+        last = unreadable[-1]["update_id"]
+        await fake.wait_until(lambda: fake.confirmed_offset > last, what="the confirmation")
+    (line,) = [r for r in caplog.records if "could not be read" in r.getMessage()]
+    assert line.getMessage().startswith(f"Telegram update {unreadable[0]['update_id']} could not")
+    assert line.exc_info is None, "one line, no traceback"
+    assert all(fake.handed_out.count(update["update_id"]) == 1 for update in unreadable)
+
+
+async def test_a_sticker_is_handed_over_without_text_and_gets_a_hint(
+    make_bot: BotFactory,
+) -> None:
+    async with telegram_platform(make_bot) as telegram:
+        telegram.fake.user_sticker(ANN)
+        await telegram.wait_until(lambda: telegram.shown(ANN), "the hint")
+    (hint,) = telegram.shown(ANN)
+    assert "Ask me something" in hint
+    assert telegram.bot.ollama.requests == []
+
+
+async def test_while_polls_fail_the_channel_is_not_connected_and_says_why(
+    make_bot: BotFactory,
+) -> None:
+    async with telegram_platform(make_bot) as telegram:
+        fake, channel = telegram.fake, telegram.bot.channel
+        assert channel.connected.is_set() and channel.problem is None
+        fake.fail_next("getUpdates", status=502, description="Bad Gateway")
+        await fake.wait_until(lambda: channel.problem is not None, what="the problem")
+        assert not channel.connected.is_set()
+        assert channel.problem.startswith(f"cannot reach Telegram at {fake.base_url} (")
+        await fake.wait_until(
+            lambda: channel.connected.is_set() and channel.problem is None, what="a good poll"
+        )
+
+
+async def test_stopping_returns_at_once_and_leaves_the_long_poll_in_flight(
+    make_bot: BotFactory,
+) -> None:
+    """Regression: stopping cancelled the long poll in flight (with httpx, that can leave its
+    pooled connection taken for good); now it is left to end with the connections."""
+    async with FakeTelegram() as fake:
+        channel = channel_on(fake, poll_timeout=30)
+        bot = make_bot(channel=channel, allowed=ALLOWED)
+        reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+        await fake.wait_until(lambda: fake.holds.in_flight("getupdates") == 1, what="a poll")
+        await channel.stop_receiving()
+        await asyncio.wait_for(reading, 5)
+        assert fake.holds.in_flight("getupdates") == 1 and fake.holds.abandoned == []
+        assert not channel.connected.is_set()
+        await bot.runner.shutdown()
+        await asyncio.wait_for(channel.close(), 5)
+
+
+async def test_run_starts_again_after_it_failed(make_bot: BotFactory) -> None:
+    async with FakeTelegram() as fake:
+        fake.fail_next("getMe", status=502, description="Bad Gateway")
+        channel = channel_on(fake, poll_timeout=1, edit_interval=0.05)
+        bot = make_bot(channel=channel, allowed=ALLOWED)
+        with pytest.raises(PlatformError, match="cannot reach Telegram"):
+            await channel.run(bot.dispatcher.handle)
+        assert channel.problem is not None and not channel.connected.is_set()
+
+        bot.ollama.script(Text("Back again."))
+        async with running(channel, bot):
+            fake.user_message(ANN, "hello")
+            await fake.wait_until(lambda: [m.visible for m in fake.sent(ANN)] == ["Back again."])
+        assert channel.problem is None
