@@ -23,13 +23,26 @@ Which messages are ours, and where they belong:
 Replies are written by `channels.rendering.StreamingReply` through `SlackTransport`
 (`chat.postMessage`, then `chat.update`), in Slack mrkdwn. While nothing is visible yet, a
 reaction (`working_reaction`) on the person's message says the bot is working; it goes away when
-the reply starts. Slack's errors are mapped here and nowhere else: HTTP 429 → `RateLimited`.
+the reply starts (after the reaction's own request, if that is still in flight, so it cannot
+land after its removal). Slack's errors are mapped here and nowhere else: HTTP 429 or
+`ratelimited` → `RateLimited`, any other refusal or network failure → `PlatformError`, a post
+answered without its `ts` → `LostMessage` (never the text "None" as a message id).
+
+Connecting: the Socket Mode URL comes from `apps.connections.open`, asked once per connection by
+`_SocketClient` (slack_sdk's client, reporting to the channel). `problems` asks it for `kaiwa
+check` and keeps the URL, which `run` then uses if it is still fresh, so a start asks Slack once.
+`connected` is cleared while a new URL is asked for and set once the socket is up; a URL Slack
+will not hand out sets `problem` and ends `run`, closing the client and its session: with a
+`ChannelError` when a token is refused (a person must fix it), else with a `PlatformError`
+(trying again later may do), and `run` can be called again. Stopping closes the client at once,
+whatever it was doing. In HTTP mode a body that cannot be read gets 400 (Slack retries a 5xx).
 """
 
 import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,12 +53,21 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
-from slack_sdk.errors import SlackApiError
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.formatting import slack_mrkdwn
-from channels.rendering import RateLimited, RenderSettings, StreamingReply, send_notice
+from channels.rendering import (
+    LostMessage,
+    PlatformError,
+    RateLimited,
+    RenderSettings,
+    StreamingReply,
+    send_notice,
+)
 from channels.settings import SlackSettings
+from channels.throttled_log import ThrottledLog
 from core.channel import ChannelMessage, ChannelTraits, Deliver, Reply
 from core.commands import COMMANDS
 from core.errors import ChannelError, StoreError
@@ -60,6 +82,9 @@ SLASH_COMMAND = "/kaiwa"
 LAST_RETRY = 3  # Slack retries an unacknowledged event three times
 IGNORED_SUBTYPES = {"message_changed", "message_deleted", "channel_join", "channel_leave"}
 THREAD_LINK = re.compile(r"p(\d{10})(\d{6})")
+FRESH_URL_SECONDS = 10.0  # a Socket Mode URL kept from `problems` is used only this soon
+PING_SECONDS = 10.0  # Socket Mode keepalive, and the library's pause between failed connects
+PASSING_ERRORS = {"ratelimited", "internal_error", "fatal_error", "service_unavailable"}
 
 
 @dataclass(frozen=True)
@@ -103,44 +128,116 @@ class SlackTransport:
         self._thread = None if where.thread == TOP else where.thread
         self._working_on = working_on
         self._reaction = reaction
+        self._working = asyncio.Lock()
         self._reacted = False
+        self._replied = False
 
     @staticmethod
     def measure(text: str) -> int:
         return len(text)
 
     async def send(self, text: str, *, live: bool) -> str:
-        with _mapped_errors():
+        with _mapped_errors("chat.postMessage"):
             posted = await self._client.chat_postMessage(
                 channel=self._channel, thread_ts=self._thread, text=slack_mrkdwn(text)
             )
         await self._stop_working()
-        return str(posted["ts"])
+        ts = posted.get("ts")
+        if not isinstance(ts, str) or not ts:
+            raise LostMessage("Slack answered chat.postMessage without the message's ts")
+        return ts
 
     async def edit(self, message_id: str, text: str, *, live: bool) -> None:
-        with _mapped_errors():
+        with _mapped_errors("chat.update"):
             await self._client.chat_update(
                 channel=self._channel, ts=message_id, text=slack_mrkdwn(text)
             )
 
     async def typing(self) -> None:
-        """Slack has no typing indicator for bots: a reaction on the person's message instead."""
-        if self._reacted or not (self._working_on and self._reaction):
-            return
-        self._reacted = True
-        with contextlib.suppress(SlackApiError):
-            await self._client.reactions_add(
-                channel=self._channel, timestamp=self._working_on, name=self._reaction
-            )
+        """Slack has no typing indicator for bots: a reaction on the person's message instead,
+        put there once and never after the reply has started."""
+        async with self._working:
+            if self._reacted or self._replied or not (self._working_on and self._reaction):
+                return
+            self._reacted = True
+            with contextlib.suppress(SlackApiError):
+                await self._client.reactions_add(
+                    channel=self._channel, timestamp=self._working_on, name=self._reaction
+                )
 
     async def _stop_working(self) -> None:
-        if not self._reacted:
-            return
-        self._reacted = False
-        with contextlib.suppress(SlackApiError):
-            await self._client.reactions_remove(
-                channel=self._channel, timestamp=self._working_on, name=self._reaction
-            )
+        async with self._working:  # a reaction still on its way is let through, then removed
+            self._replied = True
+            if not self._reacted:
+                return
+            self._reacted = False
+            with contextlib.suppress(SlackApiError):
+                await self._client.reactions_remove(
+                    channel=self._channel, timestamp=self._working_on, name=self._reaction
+                )
+
+
+class _SocketClient(SocketModeClient):
+    """slack_sdk's Socket Mode client, reporting to its channel. Every (re)connection asks
+    `issue_new_wss_url` first, so the channel is not connected from then until `connect`
+    succeeds; a URL that cannot be had marks the client closed (its loops then end quietly
+    instead of retrying the same failure forever), keeps the error in `failure` and sets
+    `lost`."""
+
+    def __init__(
+        self,
+        channel: "SlackChannel",
+        app_token: str,
+        web_client: AsyncWebClient,
+        sdk_logger: logging.Logger,
+    ) -> None:
+        super().__init__(
+            app_token, logger=sdk_logger, web_client=web_client, ping_interval=PING_SECONDS
+        )
+        self._channel = channel
+        self.lost = asyncio.Event()
+        self.failure: Exception | None = None
+        self.asking = False
+        """An `apps.connections.open` is in flight (and is let finish)."""
+
+    async def issue_new_wss_url(self) -> str:
+        self._channel.connected.clear()
+        self.asking = True
+        try:
+            return await self._channel.socket_url()
+        except (ChannelError, PlatformError) as exc:
+            self.failure = exc
+            self.lost.set()
+            self.closed = True  # the connect loop ends quietly; the channel closes the client
+            raise
+        finally:
+            self.asking = False
+
+    async def connect(self) -> None:
+        await super().connect()
+        if await self.is_connected():
+            self._channel.socket_connected()
+
+
+class _SocketModeHandler(AsyncSocketModeHandler):
+    """bolt's Socket Mode handler on a `_SocketClient` (bolt's own constructor would open a
+    stock client, with a session of its own, which is why it is not called)."""
+
+    def __init__(self, app: AsyncApp, client: _SocketClient) -> None:
+        self.app = app
+        self.app_token = client.app_token
+        self.client = client
+        client.socket_mode_request_listeners.append(self.handle)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class _KeptUrl:
+    url: str
+    at: float
+
+    @property
+    def fresh(self) -> bool:
+        return time.monotonic() - self.at < FRESH_URL_SECONDS
 
 
 class SlackChannel:
@@ -151,11 +248,14 @@ class SlackChannel:
         self._tokens = tokens
         self.traits = ChannelTraits(frame_interval=settings.edit_interval)
         self._render = RenderSettings(
-            settings.show_thinking, settings.show_tools, min_interval=settings.edit_interval
+            settings.show_thinking,
+            settings.show_tools,
+            min_interval=settings.edit_interval,
+            final_edit_seconds=settings.final_edit_seconds,
         )
-        self._client = AsyncWebClient(token=tokens.bot, base_url=settings.api_url)
+        self.web_client = AsyncWebClient(token=tokens.bot, base_url=settings.api_url)
         self._app = AsyncApp(
-            client=self._client,
+            client=self.web_client,
             signing_secret=tokens.signing_secret or None,
             request_verification_enabled=settings.mode == "http",
             process_before_response=True,
@@ -168,27 +268,28 @@ class SlackChannel:
         self._deliver: Deliver | None = None
         self._stopping = asyncio.Event()
         self.connected = asyncio.Event()
-        """Set once events can arrive (the socket is connected, or the HTTP server listens)."""
+        """Set while events can arrive (the socket is up, or the HTTP server listens)."""
         self.problem: str | None = None
+        self._kept_url: _KeptUrl | None = None
         self._identity: dict[str, str] = {}
         self._threads: dict[tuple[str, str], bool] = {}
+        self._unreadable = ThrottledLog(logger)
 
     async def problems(self) -> list[str]:
-        """What `kaiwa check` reports for Slack: tokens Slack does not accept."""
+        """What `kaiwa check` reports for Slack: tokens Slack does not accept, a Slack it
+        cannot reach. The Socket Mode URL asked for here is kept for `run`."""
         problems = self._missing_secrets()
         try:
             await self._who_am_i()
         except SlackApiError as exc:
             problems.append(_token_problem("bot token", self._settings.bot_token_env, exc))
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return [*problems, f"cannot reach Slack at {self._settings.api_url}: {exc}"]
+            return [*problems, self._unreachable(exc)]
         if self._settings.mode == "socket" and self._tokens.app:
             try:
-                await self._client.apps_connections_open(app_token=self._tokens.app)
-            except SlackApiError as exc:
-                problems.append(
-                    _token_problem("app-level token", self._settings.app_token_env, exc)
-                )
+                self._kept_url = _KeptUrl(await self._open_socket_url(), time.monotonic())
+            except (ChannelError, PlatformError) as exc:
+                problems.append(str(exc))
         return problems
 
     def _missing_secrets(self) -> list[str]:
@@ -209,64 +310,134 @@ class SlackChannel:
         try:
             await self._who_am_i()
         except SlackApiError as exc:
-            raise ChannelError(
-                _token_problem("bot token", self._settings.bot_token_env, exc)
-            ) from exc
-        if self._settings.mode == "http":
-            await self._serve_http()
-        else:
-            await self._serve_socket_mode()
+            refusal = _refusal(exc, "bot token", self._settings.bot_token_env)
+            raise self._cannot_connect(refusal) from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise self._cannot_connect(PlatformError(self._unreachable(exc))) from exc
+        try:
+            if self._settings.mode == "http":
+                await self._serve_http()
+            else:
+                await self._serve_socket_mode()
+        finally:
+            self.connected.clear()
 
     async def stop_receiving(self) -> None:
         self._stopping.set()
 
     async def close(self) -> None:
-        """Nothing left open: each Web API call opens and closes its own session."""
+        """Nothing left open: `run` closes the socket client, and each Web API call opens and
+        closes its own session."""
 
     def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
         working_on = reply_to.split(":", 1)[1] if reply_to else None
         transport = SlackTransport(
-            self._client, _Where.of(place), working_on, self._settings.working_reaction
+            self.web_client, _Where.of(place), working_on, self._settings.working_reaction
         )
         return StreamingReply(transport, self._render, place, posted)
 
     async def notify(self, place: str, text: str) -> None:
-        await send_notice(SlackTransport(self._client, _Where.of(place)), text)
+        transport = SlackTransport(self.web_client, _Where.of(place))
+        await send_notice(transport, text, self._settings.final_edit_seconds)
+
+    # -- connecting ----------------------------------------------------------------------------
+
+    def _cannot_connect(self, error: Exception) -> Exception:
+        self.connected.clear()
+        self.problem = str(error)
+        return error
+
+    def _unreachable(self, exc: Exception) -> str:
+        return (
+            f"cannot reach Slack at {self._settings.api_url} ({exc}): check the network and "
+            "[channels.slack].api_url"
+        )
+
+    async def socket_url(self) -> str:
+        """A Socket Mode URL for the next connection: the one `problems` kept, if still fresh,
+        else a new one. Raises (with `problem` set) when Slack will not give one: `ChannelError`
+        if it refused the app-level token, else `PlatformError`."""
+        kept, self._kept_url = self._kept_url, None
+        if kept is not None and kept.fresh:
+            return kept.url
+        try:
+            return await self._open_socket_url()
+        except (ChannelError, PlatformError) as exc:
+            raise self._cannot_connect(exc) from exc
+
+    async def _open_socket_url(self) -> str:
+        try:
+            opened = await self.web_client.apps_connections_open(app_token=self._tokens.app)
+        except SlackApiError as exc:
+            raise _refusal(exc, "app-level token", self._settings.app_token_env) from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise PlatformError(self._unreachable(exc)) from exc
+        url = opened.get("url")
+        if not isinstance(url, str) or not url:
+            raise PlatformError("Slack answered apps.connections.open without a Socket Mode URL")
+        return url
+
+    def socket_connected(self) -> None:
+        self.problem = None
+        self.connected.set()
+        logger.info("Slack: connected over Socket Mode as %s", self._identity.get("user_id"))
 
     # -- receiving -----------------------------------------------------------------------------
 
     async def _serve_socket_mode(self) -> None:
-        handler = AsyncSocketModeHandler(self._app, self._tokens.app, web_client=self._client)
-        await handler.connect_async()
-        self.connected.set()
-        logger.info("Slack: connected over Socket Mode as %s", self._identity.get("user_id"))
+        client = _SocketClient(self, self._tokens.app, self.web_client, self._app.logger)
+        handler = _SocketModeHandler(self._app, client)
+        connecting = asyncio.create_task(handler.connect_async(), name="slack socket mode")
         try:
-            await self._stopping.wait()
+            await _first_of(self._stopping, client.lost)
         finally:
             await handler.close_async()
+            await _ended(connecting, client)
+        if client.failure is not None and not self._stopping.is_set():
+            raise client.failure
 
     async def _serve_http(self) -> None:
-        async def handle(request: web.Request) -> web.Response:
-            response = await self._app.async_dispatch(await to_bolt_request(request))
-            return await to_aiohttp_response(response)
-
         server = web.Application()
-        server.router.add_post(self._settings.http_path, handle)
+        server.router.add_post(self._settings.http_path, self._on_http_request)
         runner = web.AppRunner(server, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self._settings.http_host, self._settings.http_port)
-        await site.start()
+        settings = self._settings
+        try:
+            await web.TCPSite(runner, settings.http_host, settings.http_port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            problem = (
+                f"cannot listen for Slack events on {settings.http_host}:{settings.http_port} "
+                f"({exc}): set [channels.slack].http_port to a free port"
+            )
+            raise self._cannot_connect(ChannelError(problem)) from exc
+        self.problem = None
         self.connected.set()
         logger.info(
             "Slack: receiving events on http://%s:%d%s",
-            self._settings.http_host,
-            self._settings.http_port,
-            self._settings.http_path,
+            settings.http_host,
+            settings.http_port,
+            settings.http_path,
         )
         try:
             await self._stopping.wait()
         finally:
             await runner.cleanup()
+
+    async def _on_http_request(self, request: web.Request) -> web.Response:
+        """A signed event or command from Slack; a body that cannot be read gets 400, since
+        Slack would retry a 500 that the same body can only fail again."""
+        try:
+            bolt_request = await to_bolt_request(request)
+        except (ValueError, TypeError, AttributeError) as exc:
+            self._unreadable.warning(
+                "Slack: an HTTP request to %s could not be read (%s: %s); answered 400",
+                request.path,
+                type(exc).__name__,
+                exc,
+            )
+            return web.Response(status=400, text="unreadable body")
+        return await to_aiohttp_response(await self._app.async_dispatch(bolt_request))
 
     async def _on_event(
         self, event: dict[str, Any], body: dict[str, Any], request: AsyncBoltRequest
@@ -349,7 +520,7 @@ class SlackChannel:
         known = self._threads.get((channel, thread))
         if known is None:
             try:
-                replies = await self._client.conversations_replies(channel=channel, ts=thread)
+                replies = await self.web_client.conversations_replies(channel=channel, ts=thread)
             except SlackApiError as exc:  # not cached: the next message in the thread asks again
                 logger.warning("Slack: cannot read thread %s in %s: %s", thread, channel, exc)
                 return False
@@ -372,7 +543,7 @@ class SlackChannel:
 
     async def _who_am_i(self) -> None:
         if not self._identity:
-            identity = await self._client.auth_test()
+            identity = await self.web_client.auth_test()
             self._identity = {
                 "user_id": identity.get("user_id", ""),
                 "bot_id": identity.get("bot_id", ""),
@@ -380,13 +551,43 @@ class SlackChannel:
 
 
 @contextlib.contextmanager
-def _mapped_errors() -> Iterator[None]:
+def _mapped_errors(method: str) -> Iterator[None]:
     try:
         yield
     except SlackApiError as exc:
         if exc.response.status_code == 429 or exc.response.get("error") == "ratelimited":
             raise RateLimited(float(exc.response.headers.get("Retry-After", 1))) from exc
-        raise
+        error = exc.response.get("error", f"HTTP {exc.response.status_code}")
+        raise PlatformError(f"Slack refused {method} ({error})") from exc
+    except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+        raise PlatformError(f"Slack {method} failed: {exc or type(exc).__name__}") from exc
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    """Wait until one of `events` is set."""
+    waits = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+async def _ended(connecting: asyncio.Task[None], client: _SocketClient) -> None:
+    """Let a closed client's connect task end: an `apps.connections.open` in flight is let
+    finish; otherwise it is at most waiting to try again, which is cut short."""
+    if not connecting.done() and not client.asking:
+        connecting.cancel()
+    await asyncio.gather(connecting, return_exceptions=True)
+
+
+def _refusal(exc: SlackApiError, kind: str, variable: str) -> Exception:
+    """A refusal that passes (Slack busy, rate limited) as a `PlatformError`, to try again
+    later; any other (a token refused, revoked, of the wrong kind) as a `ChannelError`."""
+    error = exc.response.get("error", f"HTTP {exc.response.status_code}")
+    if exc.response.status_code >= 500 or error in PASSING_ERRORS:
+        return PlatformError(f"Slack will not connect for now ({error}); it is tried again")
+    return ChannelError(_token_problem(kind, variable, exc))
 
 
 def _command_target(command: dict[str, Any]) -> tuple[str, _Where] | None:

@@ -2,12 +2,17 @@
 reconnects and HTTP mode, through the real slack-bolt against the fake Slack and fake Ollama."""
 
 import asyncio
+import gc
 import socket
 
+import pytest
+
+from channels.rendering import PlatformError
 from channels.settings import SlackSettings
 from channels.slack import SlackChannel, SlackTokens
+from core.errors import ChannelError
 from core.store import Store
-from tests.channels.platforms import ANN, BOB, SLACK_ALLOWED, slack_platform
+from tests.channels.platforms import ANN, BOB, SLACK_ALLOWED, running, slack_platform
 from tests.databases import IMPATIENT, Outage, open_store
 from tests.fakes.ollama import Pause, Text
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET, TEAM, FakeSlack
@@ -319,7 +324,8 @@ async def test_an_unreachable_slack_is_one_line() -> None:
         url = f"http://127.0.0.1:{probe.getsockname()[1]}/api/"
     channel = SlackChannel(SlackSettings(api_url=url), SlackTokens(bot=BOT_TOKEN, app=APP_TOKEN))
     (problem,) = await channel.problems()
-    assert problem.startswith(f"cannot reach Slack at {url}: ")
+    assert problem.startswith(f"cannot reach Slack at {url} (")
+    assert problem.endswith("check the network and [channels.slack].api_url")
 
 
 def envelope_of(fake: FakeSlack, ts: str) -> str:
@@ -370,3 +376,94 @@ async def test_on_slacks_last_retry_the_person_is_asked_to_send_it_again(
         outage.end()
     (notice,) = [posted.text for posted in fake.posted(DM)]
     assert notice.startswith("I could not save your message")
+
+
+def socket_mode_channel(fake: FakeSlack) -> SlackChannel:
+    settings = SlackSettings(api_url=fake.api_url, edit_interval=0.05)
+    return SlackChannel(settings, SlackTokens(bot=BOT_TOKEN, app=APP_TOKEN))
+
+
+async def test_a_start_asks_slack_for_a_socket_mode_url_once(make_bot: BotFactory) -> None:
+    """Regression: `kaiwa run` asked `apps.connections.open` in its checks, then again to
+    connect."""
+    async with FakeSlack() as fake:
+        channel = socket_mode_channel(fake)
+        assert await channel.problems() == []
+        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
+        async with running(channel, bot):
+            await fake.wait_connected(1)
+            await asyncio.wait_for(channel.connected.wait(), 5)
+    assert fake.connections_opened == 1
+
+
+async def test_a_refused_socket_mode_url_is_a_problem_and_no_connection(
+    make_bot: BotFactory,
+) -> None:
+    """Regression: with `apps.connections.open` refused, Kaiwa said it was ready, never said
+    Slack was not connected, took 10 s to stop and left sessions unclosed."""
+    async with FakeSlack() as fake:
+        fake.refuse("apps.connections.open", "invalid_auth")
+        channel = socket_mode_channel(fake)
+        (problem,) = await channel.problems()
+        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
+        with pytest.raises(ChannelError) as raised:
+            await asyncio.wait_for(channel.run(bot.dispatcher.handle), 5)
+        await channel.close()
+    assert str(raised.value) == problem == channel.problem
+    assert problem.startswith("Slack rejected the app-level token in $KAIWA_SLACK_APP_TOKEN")
+    assert not channel.connected.is_set()
+    gc.collect()  # a session left open warns here, and warnings fail the test
+
+
+async def test_stopping_while_the_socket_cannot_connect_is_prompt(
+    make_bot: BotFactory,
+) -> None:
+    async with FakeSlack() as fake:
+        fake.sockets_refused = True
+        channel = socket_mode_channel(fake)
+        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
+        reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+        await fake.wait_until(lambda: fake.refused_sockets >= 1, what="a refused socket")
+        assert not channel.connected.is_set()
+        await channel.stop_receiving()
+        await asyncio.wait_for(reading, 5)  # the library would first sleep out its 10 s pause
+        await channel.close()
+    gc.collect()  # a session left open warns here, and warnings fail the test
+
+
+async def test_run_starts_again_after_slack_was_too_busy_to_connect(
+    make_bot: BotFactory,
+) -> None:
+    async with FakeSlack() as fake:
+        fake.refuse("apps.connections.open", "ratelimited")
+        channel = socket_mode_channel(fake)
+        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
+        with pytest.raises(PlatformError, match="ratelimited"):
+            await asyncio.wait_for(channel.run(bot.dispatcher.handle), 5)
+        assert channel.problem is not None and not channel.connected.is_set()
+
+        fake.allow("apps.connections.open")
+        bot.ollama.script(Text("Connected after all."))
+        async with running(channel, bot):
+            await fake.wait_connected(1)
+            fake.dm(DM, "hello", user=ANN_ID)
+            await fake.wait_until(lambda: fake.posted(DM), what="the reply")
+    assert [posted.text for posted in fake.posted(DM)] == ["Connected after all."]
+    assert channel.problem is None
+
+
+async def test_http_mode_answers_a_body_it_cannot_read_with_400(make_bot: BotFactory) -> None:
+    """Regression: a signed body that was not JSON got 500, which Slack retries."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with FakeSlack() as fake:
+        settings = SlackSettings(mode="http", api_url=fake.api_url, http_port=port)
+        channel = SlackChannel(settings, SlackTokens(bot=BOT_TOKEN, signing_secret=SIGNING_SECRET))
+        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
+        url = f"http://127.0.0.1:{port}/slack/events"
+        async with running(channel, bot):
+            await asyncio.wait_for(channel.connected.wait(), 5)
+            garbled = await fake.post_raw(url, '{"type": "event_callback", ')
+            listed = await fake.post_raw(url, "[1, 2]")
+    assert garbled[0] == 400 and listed[0] == 400
