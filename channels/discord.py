@@ -6,9 +6,13 @@ has no per-client URLs, so the configured REST base and gateway URL are applied 
 process-wide seams (`Route.BASE`, `DiscordWebSocket.DEFAULT_GATEWAY`) when the channel is built.
 
 Which messages are ours, and where they belong:
-- A mention of the bot in a text channel opens a thread on that message (named from its text)
-  before the message is delivered; a thread made from a message takes the message's id, so the
-  place is `discord:<guild>:<thread>` and the opening message is the conversation's first.
+- A mention of the bot in a text channel opens a thread on that message (named from its text);
+  a thread made from a message takes the message's id, so the place `discord:<guild>:<thread>`
+  is known before the thread exists, and the opening message is the conversation's first. The
+  thread is opened only once the mention is taken: a notice for it (the dispatcher's refusal of
+  a stranger, a command's answer) is a reply in the channel, no thread, and the same notice to
+  the same person there at most once an hour, so mentions cannot make the bot spam a channel;
+  a mention that starts a turn has its thread opened as soon as the dispatcher returns.
 - A message in a thread continues it when the bot opened the thread (`owner_id`), joined it, or
   was mentioned there: a mention in someone else's thread makes the bot join it, which Discord
   remembers across restarts. A message in an archived thread reopens it (Discord does that), and
@@ -26,16 +30,29 @@ Which messages are ours, and where they belong:
 Replies are written by `channels.rendering.StreamingReply` through `DiscordTransport`: Markdown
 as is, 2,000 characters a message, a typing indicator until text shows, and a Stop button on a
 message while it is live. Mentions in the bot's text never ping anyone (`AllowedMentions.none`).
-discord.py waits out a 429 itself (it honours `retry_after` and the bucket headers); only a wait
-longer than `max_ratelimit_timeout` comes back as `RateLimited`, so a reply skips frames instead
-of hanging for minutes.
+discord.py waits out a 429 itself (it honours `retry_after` and the bucket headers); a wait
+longer than `max_ratelimit_timeout` comes back as `discord.RateLimited`, so a reply skips frames
+instead of hanging for minutes, and a 429 it will not wait out (no `Via` header, which it takes
+for a ban, or still limited after five tries) as a plain `HTTPException` 429: both map to
+`RateLimited`, with the wait from the answer's headers. Other refusals map to `PlatformError`, a
+post answered without a readable message to `LostMessage`.
+
+An event discord.py cannot parse (a server's MESSAGE_CREATE without `author`, say) raises inside
+its gateway loop and would end it: every parser of the client's connection state is wrapped
+(`_Client._get_state`) so such an event is logged in one line with its name and id, at most one
+such line every few seconds, and skipped. (A DM without `author` gets through the parser as a
+message with no author at all; `received` skips it the same way.)
+
+`connected` follows READY/RESUMED and disconnects; `run` can be called again after it raised
+(with a fresh client when the old one was closed).
 
 Concurrency: discord.py runs every event handler as a task of its own, so handlers interleave at
 each await. A slash command's or click's answer is routed by a context variable that is set only
 while that interaction's own command runs in the dispatcher, so a notice for another message in
 the same thread cannot take it (test_a_private_answer_and_a_public_one_in_one_thread_do_not_swap).
 `close` lets the handlers still at work finish before it closes the HTTP session, so a command
-answered during shutdown is not cut off (test_a_command_at_shutdown_still_gets_its_answer).
+answered during shutdown is not cut off (test_a_command_at_shutdown_still_gets_its_answer); a
+gateway still reconnecting is then cut short at once.
 """
 
 import asyncio
@@ -43,17 +60,27 @@ import contextlib
 import contextvars
 import logging
 import re
+import time
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import aiohttp
 import yarl
 
 from channels.formatting import split_message
-from channels.rendering import RateLimited, RenderSettings, StreamingReply, send_notice
+from channels.rendering import (
+    LostMessage,
+    PlatformError,
+    RateLimited,
+    RenderSettings,
+    StreamingReply,
+    send_notice,
+)
 from channels.settings import DiscordSettings
+from channels.throttled_log import ThrottledLog
 from core.channel import ChannelMessage, ChannelTraits, Deliver, Reply
 from core.commands import COMMANDS
 from core.errors import ChannelError
@@ -84,6 +111,9 @@ THREAD_TYPES = (
 LONGEST_LIBRARY_WAIT = 30.0  # seconds; a longer rate limit raises instead (discord.py's minimum)
 LOGIN_SECONDS = 30.0
 HANDLERS_CLOSE_SECONDS = 10.0
+GATEWAY_CLOSE_SECONDS = 1.0  # a closed client's gateway ends at once unless it sleeps a backoff
+NOTICE_REPEAT_SECONDS = 3600.0  # the same notice to the same person in a channel, at most
+PENDING_MENTIONS = 1000  # mentions whose thread is not opened yet, remembered at most
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 THREAD_EXISTS = 160004  # Discord's error code: a thread was already made from this message
 INTENT_FIX = (
@@ -110,28 +140,56 @@ class _Where:
 
 
 class DiscordTransport:
-    """One thread or DM channel as `channels.rendering` sees it."""
+    """One thread, channel or DM channel as `channels.rendering` sees it. `opening`: what to
+    await before the first call (the thread of a mention, opened on first use); `reply_to`: a
+    message the first post answers."""
 
     limit = MESSAGE_LIMIT
     controls = True
     measure = staticmethod(len)
 
-    def __init__(self, client: discord.Client, channel_id: int) -> None:
+    def __init__(
+        self,
+        client: discord.Client,
+        channel_id: int,
+        *,
+        opening: Callable[[], Awaitable[None]] | None = None,
+        reply_to: discord.Message | None = None,
+    ) -> None:
         self._channel = client.get_partial_messageable(channel_id)
+        self._opening = opening
+        self._reply_to = reply_to
 
     async def send(self, text: str, *, live: bool) -> str:
-        with _mapped_errors():
-            message = await self._channel.send(text, view=_controls(live))
+        await self._opened()
+        reference, self._reply_to = self._reply_to, None
+        with _mapped_errors("a message post"):
+            try:
+                message = await self._channel.send(
+                    text,
+                    view=_controls(live),
+                    reference=reference,  # type: ignore[arg-type]
+                )
+            except (KeyError, TypeError, ValueError) as exc:  # the answer could not be read
+                raise LostMessage(
+                    f"Discord answered a message post without a usable message ({exc!r})"
+                ) from exc
         return str(message.id)
 
     async def edit(self, message_id: str, text: str, *, live: bool) -> None:
+        await self._opened()
         message = self._channel.get_partial_message(int(message_id))
-        with _mapped_errors():
+        with _mapped_errors("a message edit"):
             await message.edit(content=text, view=_controls(live))
 
     async def typing(self) -> None:
-        with _mapped_errors():
+        await self._opened()
+        with _mapped_errors("the typing indicator"):
             await self._channel.typing()
+
+    async def _opened(self) -> None:
+        if self._opening is not None:
+            await self._opening()
 
 
 class _StopButton(discord.ui.DynamicItem[discord.ui.Button], template=STOP_BUTTON_ID):
@@ -171,9 +229,18 @@ def _controls(live: bool) -> discord.ui.View | None:
 class _Client(discord.Client):
     """discord.py's client, with the gateway events Kaiwa listens to."""
 
-    def __init__(self, channel: "DiscordChannel", **options: object) -> None:
+    def __init__(self, channel: "DiscordChannel", **options: Any) -> None:
+        self.channel = channel  # before the library's constructor, which calls `_get_state`
         super().__init__(**options)
-        self.channel = channel
+
+    def _get_state(self, **options: Any) -> Any:
+        """The library's connection state, every gateway event parser contained: one that raises
+        is reported to the channel instead of ending the gateway task. (`_get_state` and the
+        state's `parsers` are the library's only seam for this.)"""
+        state = super()._get_state(**options)
+        for event, parse in list(state.parsers.items()):
+            state.parsers[event] = _contained(event, parse, self.channel.unreadable_event)
+        return state
 
     async def setup_hook(self) -> None:
         self.add_dynamic_items(_StopButton)
@@ -182,13 +249,31 @@ class _Client(discord.Client):
         await self.channel.received(message)
 
     async def on_ready(self) -> None:
-        self.channel.connected.set()
+        self.channel.now_connected()
         logger.info(
             "Discord: connected as %s (%s) in %d servers", self.user, self.user.id, len(self.guilds)
         )
 
     async def on_resumed(self) -> None:
+        self.channel.now_connected()
         logger.info("Discord: gateway session resumed")
+
+    async def on_disconnect(self) -> None:
+        self.channel.connected.clear()
+
+
+def _contained(
+    event: str,
+    parse: Callable[[Any], None],
+    report: Callable[[str, Any, Exception], None],
+) -> Callable[[Any], None]:
+    def parse_or_report(data: Any) -> None:
+        try:
+            parse(data)
+        except Exception as exc:
+            report(event, data, exc)
+
+    return parse_or_report
 
 
 _answering: contextvars.ContextVar["_Interaction | None"] = contextvars.ContextVar(
@@ -214,6 +299,17 @@ class _Interaction:
         self.answered = True
 
 
+@dataclass
+class _Mention:
+    """A mention in a text channel whose thread is not opened yet (see the module docstring)."""
+
+    message: discord.Message
+    text: str
+    answered: bool = False
+    """A notice answered it in the channel: no thread for it."""
+    opening: asyncio.Task[discord.Thread | None] | None = field(default=None, repr=False)
+
+
 class DiscordChannel:
     platform = PLATFORM
 
@@ -222,28 +318,21 @@ class DiscordChannel:
     ) -> None:
         self._settings = settings
         self._token = token
+        self._guild_ready_timeout = guild_ready_timeout
         self.traits = ChannelTraits(frame_interval=settings.edit_interval)
         self._render = RenderSettings(
-            settings.show_thinking, settings.show_tools, min_interval=settings.edit_interval
+            settings.show_thinking,
+            settings.show_tools,
+            min_interval=settings.edit_interval,
+            final_edit_seconds=settings.final_edit_seconds,
         )
         discord.http.Route.BASE = settings.api_base.rstrip("/")
         discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(settings.gateway_url)
-        intents = discord.Intents.none()
-        intents.guilds = intents.guild_messages = intents.dm_messages = True
-        intents.message_content = True
-        self._client = _Client(
-            self,
-            intents=intents,
-            allowed_mentions=discord.AllowedMentions.none(),
-            max_ratelimit_timeout=LONGEST_LIBRARY_WAIT,
-            guild_ready_timeout=guild_ready_timeout,
-        )
-        self._commands = app_commands.CommandTree(self._client)
-        for name, summary in COMMANDS:
-            self._commands.add_command(self._slash_command(name, summary))
+        self._client, self._commands = self._new_client()
+        self._commands_registered = False
         self._deliver: Deliver | None = None
         self.connected = asyncio.Event()
-        """Set once the gateway session is ready (every server known): messages arrive."""
+        """Set while the gateway session is ready (every server known): messages arrive."""
         self.problem: str | None = None
         self._receiving = False
         self._stopping = asyncio.Event()
@@ -251,16 +340,33 @@ class DiscordChannel:
         self._joined: set[int] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
         self._warned_blank = False
+        self._mentions: OrderedDict[int, _Mention] = OrderedDict()
+        self._notices: dict[tuple[int, str], float] = {}
+        self._unreadable = ThrottledLog(logger)
+
+    def _new_client(self) -> tuple[_Client, app_commands.CommandTree]:
+        intents = discord.Intents.none()
+        intents.guilds = intents.guild_messages = intents.dm_messages = True
+        intents.message_content = True
+        client = _Client(
+            self,
+            intents=intents,
+            allowed_mentions=discord.AllowedMentions.none(),
+            max_ratelimit_timeout=LONGEST_LIBRARY_WAIT,
+            guild_ready_timeout=self._guild_ready_timeout,
+        )
+        commands = app_commands.CommandTree(client)
+        for name, summary in COMMANDS:
+            commands.add_command(self._slash_command(name, summary))
+        return client, commands
 
     async def problems(self) -> list[str]:
         """What `kaiwa check` reports for Discord: a token Discord does not accept, an API it
         cannot reach, a missing Message Content intent."""
         try:
-            await self._log_in()
-        except ChannelError as exc:
+            await self._logged_in()
+        except (ChannelError, PlatformError) as exc:
             return [str(exc)]
-        except (aiohttp.ClientError, OSError, TimeoutError, discord.HTTPException) as exc:
-            return [f"cannot reach Discord at {self._settings.api_base}: {exc}"]
         application = self._client.application
         if application is None:
             return []
@@ -271,16 +377,22 @@ class DiscordChannel:
 
     async def run(self, deliver: Deliver) -> None:
         self._deliver = deliver
-        await self._log_in()
-        if self._settings.slash_commands:
-            await self._register_commands()
+        if self._client.is_closed():  # a failed run closed it: start again with a new one
+            self._client, self._commands = self._new_client()
+        try:
+            await self._logged_in()
+        except (ChannelError, PlatformError) as exc:
+            raise self._cannot_connect(exc) from exc
+        await self._register_commands()
         self._receiving = True
         self._gateway = asyncio.create_task(self._client.connect(), name="discord gateway")
         stopping = asyncio.create_task(self._stopping.wait())
         await asyncio.wait({self._gateway, stopping}, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
-        if self._gateway.done():
-            self._gateway_result(self._gateway)
+        if not self._stopping.is_set():  # the gateway ended by itself
+            self.connected.clear()
+            await self._client.close()
+            raise self._cannot_connect(self._gateway_failure(self._gateway))
 
     async def stop_receiving(self) -> None:
         """Ignore new events; the gateway stays open until `close`, so replies still edit."""
@@ -293,9 +405,13 @@ class DiscordChannel:
         if self._handlers:
             await asyncio.wait(self._handlers, timeout=HANDLERS_CLOSE_SECONDS)
         await self._client.close()
-        if self._gateway is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await self._gateway
+        self.connected.clear()
+        gateway = self._gateway
+        if gateway is not None:
+            await asyncio.wait({gateway}, timeout=GATEWAY_CLOSE_SECONDS)
+            if not gateway.done():
+                gateway.cancel()  # it sleeps out a reconnect's backoff: no request in flight
+            await asyncio.gather(gateway, return_exceptions=True)
 
     @contextlib.contextmanager
     def _handling(self) -> Iterator[None]:
@@ -316,21 +432,82 @@ class DiscordChannel:
         if pending is not None and pending.place == place and not pending.answered:
             await pending.answer(text)
             return
-        await send_notice(self._transport(place), text)
+        mention = self._mentions.get(_Where.of(place).channel)
+        if mention is not None and mention.opening is None:
+            await self._answer_in_channel(mention, text)
+            return
+        await send_notice(self._transport(place), text, self._settings.final_edit_seconds)
 
     def _transport(self, place: str) -> DiscordTransport:
-        return DiscordTransport(self._client, _Where.of(place).channel)
+        channel = _Where.of(place).channel
+        mention = self._mentions.get(channel)
+        if mention is None:
+            return DiscordTransport(self._client, channel)
+        return DiscordTransport(self._client, channel, opening=lambda: self._thread_of(mention))
+
+    # -- mentions in a channel -----------------------------------------------------------------
+
+    def _remember(self, mention: _Mention) -> None:
+        self._mentions[mention.message.id] = mention
+        while len(self._mentions) > PENDING_MENTIONS:
+            self._mentions.popitem(last=False)
+
+    async def _thread_of(self, mention: _Mention) -> None:
+        """Open the mention's thread, once however many calls ask; `PlatformError` if it could
+        not be opened (the person was told in the channel)."""
+        if mention.opening is None:
+            name = f"thread for {mention.message.id}"
+            mention.opening = asyncio.create_task(self._open_thread(mention), name=name)
+        thread = await asyncio.shield(mention.opening)
+        self._mentions.pop(mention.message.id, None)
+        if thread is None:
+            raise PlatformError(f"no thread could be opened on message {mention.message.id}")
+
+    async def _answer_in_channel(self, mention: _Mention, text: str) -> None:
+        """A notice for a mention that has no thread: a reply to it in the channel, unless the
+        same person got the same notice there within the hour."""
+        mention.answered = True
+        self._mentions.pop(mention.message.id, None)
+        key, now = (mention.message.author.id, text), time.monotonic()
+        self._notices = {k: t for k, t in self._notices.items() if now - t < NOTICE_REPEAT_SECONDS}
+        if key in self._notices:
+            logger.info(
+                "Discord: not repeating a notice to %s in #%s within the hour",
+                mention.message.author.id,
+                mention.message.channel,
+            )
+            return
+        self._notices[key] = now
+        transport = DiscordTransport(
+            self._client, mention.message.channel.id, reply_to=mention.message
+        )
+        await send_notice(transport, text, self._settings.final_edit_seconds)
 
     # -- starting ------------------------------------------------------------------------------
 
     async def _log_in(self) -> None:
+        """Log in, once per client; a client that could not is closed."""
         if self._client.user is not None:
             return
         try:
             async with asyncio.timeout(LOGIN_SECONDS):
                 await self._client.login(self._token)
+        except BaseException:
+            await self._client.close()  # its session; the next `run` starts a new client
+            raise
+
+    async def _logged_in(self) -> None:
+        """`_log_in`, its failures in words with the fix: `ChannelError` for a token Discord
+        refuses (a person must fix it), `PlatformError` for a Discord it cannot reach."""
+        try:
+            await self._log_in()
         except discord.LoginFailure as exc:
             raise ChannelError(self._token_problem()) from exc
+        except (aiohttp.ClientError, OSError, TimeoutError, discord.HTTPException) as exc:
+            raise PlatformError(
+                f"cannot reach Discord at {self._settings.api_base} ({exc}): check the network "
+                "and [channels.discord].api_base"
+            ) from exc
 
     def _token_problem(self) -> str:
         return (
@@ -338,29 +515,56 @@ class DiscordChannel:
             "copy it again from the Developer Portal → your application → Bot → Reset Token"
         )
 
+    def _cannot_connect(self, error: Exception) -> Exception:
+        self.connected.clear()
+        self.problem = str(error)
+        return error
+
+    def now_connected(self) -> None:
+        self.problem = None
+        self.connected.set()
+
     async def _register_commands(self) -> None:
+        if not self._settings.slash_commands or self._commands_registered:
+            return
         try:
             await self._commands.sync()
-        except discord.HTTPException as exc:
+            self._commands_registered = True
+        except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
             logger.warning(
                 "Discord: could not register the slash commands (%s); invite the bot with the "
                 "applications.commands scope. Typed commands (/stop as text) still work.",
                 exc,
             )
 
-    def _gateway_result(self, gateway: asyncio.Task[None]) -> None:
-        """Raise what ended the gateway, in words with the fix."""
-        try:
-            gateway.result()
-        except discord.PrivilegedIntentsRequired as exc:
-            raise ChannelError(f"Discord refused the Message Content intent: {INTENT_FIX}") from exc
-        except discord.LoginFailure as exc:
-            raise ChannelError(self._token_problem()) from exc
+    def _gateway_failure(self, gateway: asyncio.Task[None]) -> Exception:
+        """What ended the gateway, in words with the fix: `ChannelError` when a person must act
+        (the intent, the token), else `PlatformError` (trying again later may do)."""
+        error = gateway.exception() if not gateway.cancelled() else None
+        if isinstance(error, discord.PrivilegedIntentsRequired):
+            return ChannelError(f"Discord refused the Message Content intent: {INTENT_FIX}")
+        if isinstance(error, discord.LoginFailure):
+            return ChannelError(self._token_problem())
+        return PlatformError(f"Discord's gateway connection ended ({error!r}); see the log")
+
+    def unreadable_event(self, event: str, data: Any, exc: Exception) -> None:
+        """A gateway event discord.py could not parse: logged (one line, throttled), skipped."""
+        event_id = data.get("id") if isinstance(data, Mapping) else None
+        self._unreadable.warning(
+            "Discord event %s (id %s) could not be read (%s: %s); skipped",
+            event,
+            event_id,
+            type(exc).__name__,
+            exc,
+        )
 
     # -- receiving -----------------------------------------------------------------------------
 
     async def received(self, message: discord.Message) -> None:
         """A MESSAGE_CREATE, from discord.py: deliver it if it is for the bot."""
+        if not hasattr(message, "author"):  # the library let a payload without one through
+            self.unreadable_event("MESSAGE_CREATE", {"id": message.id}, KeyError("author"))
+            return
         if not (self._receiving and self._deliver and self._from_a_person(message)):
             return
         with self._handling():
@@ -392,6 +596,10 @@ class DiscordChannel:
                 author_roles=origin.roles,
             )
         )
+        mention = self._mentions.get(where.channel)
+        if mention is not None and not mention.answered:
+            with contextlib.suppress(PlatformError):  # told in the channel; its reply fails
+                await self._thread_of(mention)  # taken, not answered: a turn needs the thread
 
     async def stop_clicked(self, interaction: discord.Interaction) -> None:
         with self._handling():
@@ -459,8 +667,9 @@ class DiscordChannel:
                 await self._join(channel)
             return _Where(guild, channel.id) if self._takes_part_in(channel) else None
         if mentioned and isinstance(channel, discord.TextChannel):
-            thread = await self._open_thread(message, text)
-            return None if thread is None else _Where(guild, thread.id)
+            if message.thread is None:  # a replay of a mention may know its thread already
+                self._remember(_Mention(message, text))
+            return _Where(guild, message.thread.id if message.thread else message.id)
         return None
 
     def _takes_part_in(self, thread: discord.Thread) -> bool:
@@ -481,11 +690,10 @@ class DiscordChannel:
         except discord.HTTPException as exc:
             logger.warning("Discord: could not join thread %s: %s", thread.id, exc)
 
-    async def _open_thread(self, message: discord.Message, text: str) -> discord.Thread | None:
+    async def _open_thread(self, mention: _Mention) -> discord.Thread | None:
         """The thread on a mention: made now, or found if a replay of it made one already."""
-        if message.thread is not None:
-            return message.thread
-        name = _thread_name(text, message.author)
+        message = mention.message
+        name = _thread_name(mention.text, message.author)
         try:
             return await message.create_thread(
                 name=name, auto_archive_duration=self._settings.thread_archive_minutes
@@ -591,8 +799,22 @@ async def _images(message: discord.Message) -> tuple[bytes, ...]:
 
 
 @contextlib.contextmanager
-def _mapped_errors() -> Iterator[None]:
+def _mapped_errors(what: str) -> Iterator[None]:
     try:
         yield
     except discord.RateLimited as exc:
         raise RateLimited(exc.retry_after) from exc
+    except discord.HTTPException as exc:
+        if exc.status == 429:  # a limit discord.py would not (or no longer) wait out itself
+            raise RateLimited(_retry_after(exc.response.headers)) from exc
+        raise PlatformError(f"Discord refused {what} ({exc.status}: {exc.text})") from exc
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise PlatformError(f"Discord: {what} failed ({exc!r})") from exc
+
+
+def _retry_after(headers: Mapping[str, str]) -> float:
+    """The wait a 429's headers ask for: the bucket's exact reset, else `Retry-After`."""
+    for name in ("X-RateLimit-Reset-After", "Retry-After"):
+        with contextlib.suppress(TypeError, ValueError):
+            return max(0.0, float(headers.get(name)))  # type: ignore[arg-type]
+    return 1.0

@@ -4,17 +4,19 @@ the fake Discord and the fake Ollama."""
 
 import asyncio
 import base64
+import gc
 import socket
 from typing import Any
 
 import pytest
 
 from channels.discord import STOP_BUTTON_ID, DiscordChannel
+from channels.rendering import PlatformError
 from channels.settings import DiscordSettings
 from core.channel import ChannelMessage, Frame
 from core.dispatcher import Allowed
 from core.errors import ChannelError
-from tests.channels.platforms import DiscordPlatform, discord_platform
+from tests.channels.platforms import DiscordPlatform, discord_platform, running
 from tests.fakes.discord import BOT_TOKEN, CHANNEL_ID, GUILD_ID, USER_ID, FakeDiscord, Sent
 from tests.fakes.ollama import Pause, Text
 from tests.harness import BotFactory
@@ -100,13 +102,14 @@ async def test_without_the_right_to_open_threads_the_bot_says_so_in_the_channel(
 ) -> None:
     async with discord_platform(make_bot) as discord:
         fake = discord.fake
+        discord.bot.ollama.script(Text("Nowhere to be shown."))
         fake.fail_next("POST", f"/channels/{CHANNEL_ID}/messages/", status=403)
         opened = open_thread(discord, "hello?")
         await fake.wait_until(lambda: said(fake, CHANNEL_ID), what="the explanation")
-    (explanation,) = fake.messages(CHANNEL_ID)
+    (explanation,) = fake.all_messages()
     assert explanation.reference == opened, "a reply to the person's message"
     assert "Create Public Threads" in explanation.content
-    assert fake.threads == {} and discord.bot.ollama.requests == []
+    assert fake.threads == {}
     assert "cannot open a thread in #general" in caplog.text
 
 
@@ -388,12 +391,13 @@ async def test_a_role_on_the_list_lets_its_holders_in(make_bot: BotFactory) -> N
         async with discord_platform(make_bot, fake=fake, access=by_role) as discord:
             discord.bot.ollama.script(Text("Welcome, teammate."))
             member = open_thread(discord, "hi", roles=[team])
-            outsider = open_thread(discord, "hi too", author_id=STRANGER)
+            open_thread(discord, "hi too", author_id=STRANGER)
             await fake.wait_until(lambda: said(fake, member), what="the member's reply")
-            await fake.wait_until(lambda: said(fake, outsider), what="the refusal")
+            await fake.wait_until(lambda: said(fake, CHANNEL_ID), what="the refusal")
     assert said(fake, member) == ["Welcome, teammate."]
-    (refusal,) = said(fake, outsider)
+    (refusal,) = said(fake, CHANNEL_ID)
     assert "allowed_roles" in refusal
+    assert list(fake.threads) == [member], "no thread for the outsider"
     assert len(discord.bot.ollama.requests) == 1
 
 
@@ -410,13 +414,23 @@ async def test_a_picture_reaches_a_model_that_can_see(make_bot: BotFactory) -> N
     assert request["messages"][-1]["images"] == [base64.b64encode(picture).decode()]
 
 
-async def test_a_person_not_on_the_lists_is_refused_in_the_thread(make_bot: BotFactory) -> None:
+async def test_a_stranger_is_refused_in_the_channel_once_an_hour_and_gets_no_thread(
+    make_bot: BotFactory,
+) -> None:
+    """Regression: every mention by a stranger opened a public thread for its refusal, so
+    anyone could make the bot fill a channel with threads."""
     async with discord_platform(make_bot) as discord:
         fake = discord.fake
-        thread = open_thread(discord, "let me in", author_id=STRANGER)
-        await fake.wait_until(lambda: said(fake, thread), what="the refusal")
-    (refusal,) = said(fake, thread)
-    assert "not allowed" in refusal and str(STRANGER) in refusal
+        first = open_thread(discord, "let me in", author_id=STRANGER)
+        await fake.wait_until(lambda: said(fake, CHANNEL_ID), what="the refusal")
+        open_thread(discord, "let me in, please", author_id=STRANGER)
+        fake.user_message(CHANNEL_ID, "/usage", mentions_bot=True)  # someone allowed, after
+        await fake.wait_until(lambda: len(said(fake, CHANNEL_ID)) == 2, what="the other answer")
+    refusal, usage = fake.messages(CHANNEL_ID)
+    assert "not allowed" in refusal.content and str(STRANGER) in refusal.content
+    assert refusal.reference == first, "a reply to the stranger's first mention"
+    assert usage.content == "No turns in this conversation yet.", "a command needs no thread"
+    assert fake.threads == {} and not fake.calls_to("POST", f"/channels/{CHANNEL_ID}/messages/")
     assert discord.bot.ollama.requests == []
 
 
@@ -435,11 +449,11 @@ async def test_a_server_or_channel_not_on_the_lists_is_refused(
 ) -> None:
     async with discord_platform(make_bot, access=access) as discord:
         fake = discord.fake
-        thread = open_thread(discord, "hello")
-        await fake.wait_until(lambda: said(fake, thread), what="the refusal")
-    (refusal,) = said(fake, thread)
+        open_thread(discord, "hello")
+        await fake.wait_until(lambda: said(fake, CHANNEL_ID), what="the refusal")
+    (refusal,) = said(fake, CHANNEL_ID)
     assert named in refusal
-    assert discord.bot.ollama.requests == []
+    assert fake.threads == {} and discord.bot.ollama.requests == []
 
 
 async def test_a_missing_message_content_intent_is_reported_at_start_up() -> None:
@@ -472,7 +486,8 @@ async def test_an_unreachable_discord_is_one_line() -> None:
     channel = DiscordChannel(DiscordSettings(api_base=api), BOT_TOKEN)
     (problem,) = await channel.problems()
     await channel.close()
-    assert problem.startswith(f"cannot reach Discord at {api}: ")
+    assert problem.startswith(f"cannot reach Discord at {api} (")
+    assert problem.endswith("check the network and [channels.discord].api_base")
 
 
 def settings(fake: FakeDiscord) -> DiscordSettings:
@@ -481,3 +496,111 @@ def settings(fake: FakeDiscord) -> DiscordSettings:
 
 async def nowhere(message: ChannelMessage) -> None:
     raise AssertionError(f"nothing should be delivered, got {message}")
+
+
+def without_author(channel: int, message_id: int, *, guild: bool) -> dict[str, Any]:
+    """A MESSAGE_CREATE payload without `author`: in a server discord.py's parser fails on it,
+    in a DM it makes a message with no author."""
+    server = {"guild_id": str(GUILD_ID), "member": {"roles": [], "joined_at": None}}
+    return {
+        **(server if guild else {}),
+        "id": str(message_id),
+        "type": 0,
+        "channel_id": str(channel),
+        "content": "who wrote this?",
+        "timestamp": "2026-01-01T00:00:00.000000+00:00",
+        "edited_timestamp": None,
+        "tts": False,
+        "mention_everyone": False,
+        "mentions": [],
+        "mention_roles": [],
+        "attachments": [],
+        "embeds": [],
+        "components": [],
+        "pinned": False,
+        "flags": 0,
+    }
+
+
+@pytest.mark.parametrize("guild", [True, False], ids=["in a server", "in a DM"])
+async def test_an_event_discord_py_cannot_read_is_one_line_and_skipped(
+    make_bot: BotFactory, caplog: pytest.LogCaptureFixture, guild: bool
+) -> None:
+    """Regression: a MESSAGE_CREATE without `author` raised inside discord.py's gateway loop,
+    which ended the channel (in a DM: a traceback for every such message)."""
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        discord.bot.ollama.script(Text("Still here."))
+        dm = fake.open_dm(USER_ID)
+        where = CHANNEL_ID if guild else dm
+        for number in range(3):
+            event = without_author(where, 1_100_000_000_000_099_000 + number, guild=guild)
+            fake.dispatch("MESSAGE_CREATE", event)
+        fake.dm(USER_ID, "hello")
+        await fake.wait_until(lambda: said(fake, dm) == ["Still here."], what="the reply")
+    (line,) = [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+    assert line.getMessage().startswith(
+        "Discord event MESSAGE_CREATE (id 1100000000000099000) could not be read"
+    )
+    assert line.exc_info is None, "one line, no traceback"
+    assert fake.identifies == 1 and fake.resumes == 0, "the gateway never dropped"
+
+
+@pytest.mark.parametrize(
+    ("form", "times"), [({"via": False}, 20), ({"scope": "global"}, 10)], ids=["no Via", "global"]
+)
+async def test_every_form_of_429_on_the_final_edit_ends_with_the_full_text(
+    make_bot: BotFactory, form: dict[str, Any], times: int
+) -> None:
+    """Regression: discord.py raises a plain HTTPException 429 when it will not wait (no `Via`
+    header) or gives up (five in a row); it truncated the reply and left its Stop button."""
+    async with discord_platform(make_bot) as discord:
+        fake, ollama = discord.fake, discord.bot.ollama
+        ollama.script(Text("Storm"), Pause("storm"), Text(" over, every word kept."))
+        thread = open_thread(discord, "go")
+        await fake.wait_until(lambda: said(fake, thread) == ["Storm"], what="the first part")
+        fake.fail_next("PATCH", f"/channels/{thread}/", retry_after=0.01, times=times, **form)
+        ollama.release("storm")
+        await fake.wait_until(
+            lambda: fake.messages(thread)[0].components == [], what="the finished reply"
+        )
+    (reply,) = fake.messages(thread)
+    assert reply.content == "Storm over, every word kept."
+    assert [c.status for c in fake.calls_to("PATCH", f"/channels/{thread}/")].count(429) == times
+
+
+async def test_run_starts_again_after_it_failed(make_bot: BotFactory) -> None:
+    async with FakeDiscord() as fake:
+        fake.fail_next("GET", "/users/@me", status=403)
+        channel = DiscordChannel(settings(fake), BOT_TOKEN, guild_ready_timeout=0.01)
+        bot = make_bot(channel=channel, access=Allowed(users=None))
+        with pytest.raises(PlatformError, match="cannot reach Discord"):
+            await channel.run(bot.dispatcher.handle)
+        assert channel.problem is not None and not channel.connected.is_set()
+
+        bot.ollama.script(Text("Back again."))
+        async with running(channel, bot):
+            await asyncio.wait_for(channel.connected.wait(), 5)
+            fake.dm(USER_ID, "hello")
+            dm = fake.open_dm(USER_ID)
+            await fake.wait_until(lambda: said(fake, dm) == ["Back again."], what="the reply")
+        assert channel.problem is None
+
+
+async def test_closing_while_the_gateway_cannot_reconnect_is_prompt(
+    make_bot: BotFactory,
+) -> None:
+    async with FakeDiscord() as fake:
+        channel = DiscordChannel(settings(fake), BOT_TOKEN, guild_ready_timeout=0.01)
+        bot = make_bot(channel=channel)
+        reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+        await asyncio.wait_for(channel.connected.wait(), 5)
+        fake.gateway_refused = True
+        await fake.drop_gateway()
+        await fake.wait_until(lambda: fake.refused_connections >= 1, what="a refused reconnect")
+        assert not channel.connected.is_set()
+        await channel.stop_receiving()
+        await asyncio.wait_for(reading, 5)
+        await bot.runner.shutdown()
+        await asyncio.wait_for(channel.close(), 5)  # discord.py alone would sleep out a backoff
+    gc.collect()  # a session left open warns here, and warnings fail the test
