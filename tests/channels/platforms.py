@@ -1,14 +1,16 @@
 """Each platform as the conformance suite sees it: a real adapter on its real client library,
 talking to the platform's fake on 127.0.0.1, wired to the whole turn path and the fake Ollama.
 
-A platform harness knows how a person speaks on that platform and how to read what the bot
-shows there; the suite in test_conformance.py asks for the same behaviours of every platform.
-A new platform adds a class here and joins the `platform` fixture's parameters.
+A platform harness knows how a person speaks on that platform, how to read what the bot shows
+there, and how to make the platform misbehave (rate limits, refusals, answers without ids, a
+"typing…" request kept in flight); the suite in test_conformance.py asks for the same behaviours
+of every platform. A new platform adds a class here and joins the `platform` fixture's
+parameters.
 """
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 import pytest
@@ -17,20 +19,26 @@ from channels.discord import DiscordChannel
 from channels.settings import DiscordSettings, SlackSettings, TelegramSettings
 from channels.slack import SlackChannel, SlackTokens
 from channels.telegram import TelegramChannel
-from core.channel import Channel
+from core.channel import Channel, Reply
 from core.dispatcher import Allowed
 from core.store import Store
 from tests.fakes.discord import BOT_TOKEN as DISCORD_BOT_TOKEN
 from tests.fakes.discord import USER_ID as DISCORD_USER_ID
+from tests.fakes.discord import Call as DiscordCall
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.slack import APP_TOKEN as SLACK_APP_TOKEN
 from tests.fakes.slack import BOT_TOKEN as SLACK_BOT_TOKEN
 from tests.fakes.slack import TEAM as SLACK_TEAM
+from tests.fakes.slack import Call as SlackCall
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
+from tests.fakes.telegram import Call as TelegramCall
 from tests.harness import Bot, BotFactory
 
 ANN, BOB, MALLORY = 1001, 1002, 6666
+POOL_SIZE = 32
+"""Telegram's HTTP connection pool here (256 in production): small, so that a connection never
+given back soon leaves a request waiting for a slot."""
 ALLOWED = frozenset({str(ANN), str(BOB)})
 SLACK_ALLOWED = frozenset({f"U{ANN}", f"U{BOB}"})
 
@@ -49,12 +57,44 @@ class Platform(Protocol):
         """The platform delivers the same message a second time."""
         ...
 
+    def reply(self, chat: int) -> Reply:
+        """A reply in `chat`, opened on the channel as the core opens one for a person's
+        message there (with that message, where the platform's "typing…" needs one)."""
+        ...
+
     def shown(self, chat: int) -> list[str]:
         """What a person sees from the bot in `chat`, one entry per message, oldest first."""
         ...
 
     def edit_times(self, chat: int) -> list[float]: ...
-    def rate_limit_next_edit(self, retry_after: int) -> None: ...
+    def edits_tried(self, chat: int) -> int:
+        """How many edits of the bot's messages in `chat` were asked for, refused ones too."""
+        ...
+
+    def rate_limit_edits(self, retry_after: float, times: int = 1) -> None: ...
+    def refuse_posts(self, chat: int) -> None:
+        """From now on the platform refuses every new message of the bot in `chat`."""
+        ...
+
+    def answer_posts_without_ids(self) -> None:
+        """From now on the platform posts the bot's messages but answers without their ids."""
+        ...
+
+    def typing_waits_for_text(self) -> None:
+        """From now on a "typing…" request is answered only once the bot has shown new text in
+        its chat, so it is still in flight when the reply's first text goes out."""
+        ...
+
+    def typing_waits_for_company(self, count: int) -> None:
+        """From now on "typing…" requests are answered only once `count` are in flight at once."""
+        ...
+
+    def typing_in_flight(self) -> int: ...
+    def most_typing_in_flight(self) -> int: ...
+    def abandoned(self) -> list[str]:
+        """Requests whose client went away before their answer (cut off mid-flight)."""
+        ...
+
     def fences_intact(self, chat: int) -> bool:
         """Every bot message in `chat` has its code formatting whole (nothing leaked as text)."""
         ...
@@ -78,7 +118,10 @@ async def running(channel: Channel, bot: Bot) -> AsyncIterator[None]:
 
 class OnAFake:
     """What every platform harness shares: the platform's fake, the bot, waiting on the fake,
-    and the plain Markdown check of code fences."""
+    the plain Markdown check of code fences, and holding "typing…" requests (each harness names
+    its typing request, `typing`, and counts the bot's messages where one is, `posts_near`)."""
+
+    typing: str
 
     def __init__(self, fake: Any, bot: Bot) -> None:
         self.fake = fake
@@ -87,16 +130,41 @@ class OnAFake:
     def shown(self, chat: int) -> list[str]:
         raise NotImplementedError
 
+    def posts_near(self, params: Mapping[str, Any]) -> Callable[[], int]:
+        """A live count of the bot's messages in the chat of a typing request."""
+        raise NotImplementedError
+
     def fences_intact(self, chat: int) -> bool:
         return all(text.count("```") % 2 == 0 for text in self.shown(chat))
 
     async def wait_until(self, condition: Callable[[], object], what: str) -> None:
         await self.fake.wait_until(condition, what=what)
 
+    def typing_waits_for_text(self) -> None:
+        def until(params: Mapping[str, Any]) -> Callable[[], bool]:
+            posts = self.posts_near(params)
+            before = posts()
+            return lambda: posts() > before
+
+        self.fake.holds.hold(self.typing, until)
+
+    def typing_waits_for_company(self, count: int) -> None:
+        self.fake.holds.hold(self.typing, lambda _: lambda: self.most_typing_in_flight() >= count)
+
+    def typing_in_flight(self) -> int:
+        return self.fake.holds.in_flight(self.typing)
+
+    def most_typing_in_flight(self) -> int:
+        return self.fake.holds.most_in_flight(self.typing)
+
+    def abandoned(self) -> list[str]:
+        return list(self.fake.holds.abandoned)
+
 
 class TelegramPlatform(OnAFake):
     name = "telegram"
     limit = 4096
+    typing = "sendchataction"
     fake: FakeTelegram
 
     def place(self, chat: int) -> str:
@@ -110,18 +178,35 @@ class TelegramPlatform(OnAFake):
         original = self.fake._user_messages[chat][int(message_id)]  # the same message, re-sent
         self.fake.push_update({"message": dict(original)})
 
+    def reply(self, chat: int) -> Reply:
+        return self.bot.channel.open_reply(self.place(chat), None)
+
     def shown(self, chat: int) -> list[str]:
         return [message.visible for message in self.fake.sent(chat)]
 
     def edit_times(self, chat: int) -> list[float]:
-        return [
-            call.at
-            for call in self.fake.calls_to("editMessageText")
-            if int(call.params["chat_id"]) == chat and call.error is None
-        ]
+        return [call.at for call in self._edits(chat) if call.error is None]
 
-    def rate_limit_next_edit(self, retry_after: int) -> None:
-        self.fake.fail_next("editMessageText", status=429, retry_after=retry_after)
+    def edits_tried(self, chat: int) -> int:
+        return len(self._edits(chat))
+
+    def _edits(self, chat: int) -> list[TelegramCall]:
+        calls = self.fake.calls_to("editMessageText")
+        return [call for call in calls if int(call.params["chat_id"]) == chat]
+
+    def rate_limit_edits(self, retry_after: float, times: int = 1) -> None:
+        self.fake.fail_next("editMessageText", retry_after=retry_after, times=times)
+
+    def refuse_posts(self, chat: int) -> None:
+        refusal = "Bad Request: chat not found"
+        self.fake.fail_next("sendMessage", status=400, description=refusal, times=100)
+
+    def answer_posts_without_ids(self) -> None:
+        self.fake.answer_without("sendMessage", "message_id")
+
+    def posts_near(self, params: Mapping[str, Any]) -> Callable[[], int]:
+        chat = int(params["chat_id"])
+        return lambda: len(self.fake.sent(chat))
 
     def fences_intact(self, chat: int) -> bool:
         formatted = [m for m in self.fake.sent(chat) if "```" in m.visible]
@@ -153,6 +238,7 @@ async def telegram_platform(
                 **settings,
             ),
             token,
+            connection_pool_size=POOL_SIZE,
         )
         bot = make_bot(channel=channel, allowed=ALLOWED, images=vision, bot_store=store)
         polls = len(fake.calls_to("getUpdates"))
@@ -166,6 +252,7 @@ class SlackPlatform(OnAFake):
 
     name = "slack"
     limit = 4000
+    typing = "reactions.add"  # Slack's "typing…" for bots: a reaction on the person's message
     fake: FakeSlack
 
     def place(self, chat: int) -> str:
@@ -182,18 +269,35 @@ class SlackPlatform(OnAFake):
         ]
         self.fake.redeliver(envelope["envelope_id"])
 
+    def reply(self, chat: int) -> Reply:
+        said = self.fake.unseen_message(f"D{chat}", "a question", user=f"U{chat}")
+        return self.bot.channel.open_reply(self.place(chat), f"D{chat}:{said}")
+
     def shown(self, chat: int) -> list[str]:
         return [posted.text for posted in self.fake.posted(f"D{chat}")]
 
     def edit_times(self, chat: int) -> list[float]:
-        return [
-            call.at
-            for call in self.fake.calls_to("chat.update")
-            if call.params.get("channel") == f"D{chat}" and call.error is None
-        ]
+        return [call.at for call in self._edits(chat) if call.error is None]
 
-    def rate_limit_next_edit(self, retry_after: int) -> None:
-        self.fake.fail_next("chat.update", error="ratelimited", retry_after=retry_after)
+    def edits_tried(self, chat: int) -> int:
+        return len(self._edits(chat))
+
+    def _edits(self, chat: int) -> list[SlackCall]:
+        calls = self.fake.calls_to("chat.update")
+        return [call for call in calls if call.params.get("channel") == f"D{chat}"]
+
+    def rate_limit_edits(self, retry_after: float, times: int = 1) -> None:
+        self.fake.fail_next("chat.update", retry_after=retry_after, times=times)
+
+    def refuse_posts(self, chat: int) -> None:
+        self.fake.refuse("chat.postMessage", "channel_not_found")
+
+    def answer_posts_without_ids(self) -> None:
+        self.fake.answer_without("chat.postMessage", "ts")
+
+    def posts_near(self, params: Mapping[str, Any]) -> Callable[[], int]:
+        channel = str(params["channel"])
+        return lambda: len(self.fake.posted(channel))
 
 
 @contextlib.asynccontextmanager
@@ -226,6 +330,7 @@ class DiscordPlatform(OnAFake):
 
     name = "discord"
     limit = 2000
+    typing = "POST /channels/{channel}/typing"
     fake: FakeDiscord
 
     def __init__(self, fake: FakeDiscord, bot: Bot) -> None:
@@ -233,7 +338,7 @@ class DiscordPlatform(OnAFake):
         self._said: dict[str, dict[str, Any]] = {}
 
     def place(self, chat: int) -> str:
-        return f"discord:dm:{self.fake.dm_channel(chat)}"
+        return f"discord:dm:{self.fake.open_dm(chat)}"
 
     def say(self, chat: int, text: str, *, user: int | None = None) -> str:
         assert user in (None, chat), "a Discord DM channel belongs to one person"
@@ -244,16 +349,35 @@ class DiscordPlatform(OnAFake):
     def say_again(self, chat: int, message_id: str) -> None:
         self.fake.replay_message(self._said[message_id])
 
+    def reply(self, chat: int) -> Reply:
+        return self.bot.channel.open_reply(self.place(chat), None)
+
     def shown(self, chat: int) -> list[str]:
         channel = self.fake.dm_channel(chat)
         return [] if channel is None else [sent.content for sent in self.fake.messages(channel)]
 
     def edit_times(self, chat: int) -> list[float]:
-        edits = self.fake.calls_to("PATCH", f"/channels/{self.fake.dm_channel(chat)}/messages/")
-        return [call.at for call in edits if call.status == 200]
+        return [call.at for call in self._edits(chat) if call.status == 200]
 
-    def rate_limit_next_edit(self, retry_after: int) -> None:
-        self.fake.fail_next("PATCH", "/channels/", status=429, retry_after=retry_after)
+    def edits_tried(self, chat: int) -> int:
+        return len(self._edits(chat))
+
+    def _edits(self, chat: int) -> list[DiscordCall]:
+        return self.fake.calls_to("PATCH", f"/channels/{self.fake.open_dm(chat)}/messages/")
+
+    def rate_limit_edits(self, retry_after: float, times: int = 1) -> None:
+        self.fake.fail_next("PATCH", "/channels/", retry_after=retry_after, times=times)
+
+    def refuse_posts(self, chat: int) -> None:
+        path = f"/channels/{self.fake.open_dm(chat)}/messages"
+        self.fake.fail_next("POST", path, status=403, times=100)
+
+    def answer_posts_without_ids(self) -> None:
+        self.fake.answer_without("POST", "/channels/", "id")
+
+    def posts_near(self, params: Mapping[str, Any]) -> Callable[[], int]:
+        channel = int(params["channel"])
+        return lambda: len(self.fake.messages(channel))
 
 
 @contextlib.asynccontextmanager

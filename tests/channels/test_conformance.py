@@ -4,13 +4,16 @@ Each test drives the real adapter through the platform's fake and the fake Ollam
 tests/channels/platforms.py for how each platform is set up and read.
 """
 
+import asyncio
 from itertools import pairwise
 
-from core.channel import Outcome
-from tests.channels.platforms import ANN, BOB, MALLORY, Platform
+from core.channel import Delivery, Frame, Outcome, Reply
+from tests.channels.platforms import ANN, BOB, MALLORY, POOL_SIZE, Platform
 from tests.fakes.ollama import ChunkDelay, Pause, Text
 
 SENTENCE = "A paragraph of explanation that goes on for a while. "
+STORM = 20
+CHATS, ROUNDS = 10, 100  # a thousand replies, ten at a time
 
 
 def code_block(lines: int) -> str:
@@ -72,7 +75,7 @@ async def test_a_rate_limit_delays_but_loses_nothing(platform: Platform) -> None
 
     platform.say(ANN, "go")
     await platform.wait_until(lambda: platform.shown(ANN) == ["First part."], "the first part")
-    platform.rate_limit_next_edit(retry_after=1)
+    platform.rate_limit_edits(retry_after=1)
     ollama.release("limited")
 
     await platform.wait_until(
@@ -137,3 +140,88 @@ async def test_commands_work_while_a_reply_streams(platform: Platform) -> None:
         lambda: platform.shown(ANN)[0] == "Thinking out loud, done.", "the finished reply"
     )
     assert (await platform.bot.turns(platform.place(ANN)))[-1].status == Outcome.DONE.value
+
+
+async def test_a_storm_of_rate_limits_on_the_final_edit_ends_with_the_full_text(
+    platform: Platform,
+) -> None:
+    """Regression: finishing gave up after ten rate limits, and the platform kept an older text
+    (on Discord, with its Stop button)."""
+    ollama = platform.bot.ollama
+    ollama.script(Text("Storm"), Pause("storm"), Text(" over, every word kept."))
+
+    platform.say(ANN, "go")
+    await platform.wait_until(lambda: platform.shown(ANN) == ["Storm"], "the first part")
+    platform.rate_limit_edits(retry_after=0.01, times=STORM)
+    ollama.release("storm")
+
+    await platform.wait_until(
+        lambda: platform.shown(ANN) == ["Storm over, every word kept."], "the whole reply"
+    )
+    assert platform.edits_tried(ANN) > STORM // 5, "the platform did refuse the edits"
+
+
+async def test_a_post_answered_without_its_id_ends_the_replys_calls(platform: Platform) -> None:
+    """Regression: Slack's answer without `ts` became the message id "None", and the reply went
+    on editing message "None"."""
+    platform.answer_posts_without_ids()
+    reply = platform.reply(ANN)
+    await reply.update(Frame("First words"))
+    await reply.update(Frame("First words and more"))
+    await reply.finish("First words and more, all of them.", Outcome.DONE, None)
+
+    assert platform.shown(ANN) == ["First words"], "posted once, never again"
+    assert platform.edits_tried(ANN) == 0
+    assert reply.posted == () and reply.delivery is Delivery.NOTHING
+
+
+async def test_a_reply_the_platform_refuses_ends_with_nothing_delivered(
+    platform: Platform,
+) -> None:
+    platform.refuse_posts(ANN)
+    reply = platform.reply(ANN)
+    await reply.update(Frame("Words nobody will see"))
+    await reply.finish("Words nobody will see.", Outcome.DONE, None)
+
+    assert platform.shown(ANN) == []
+    assert reply.posted == () and reply.delivery is Delivery.NOTHING
+
+
+async def test_a_thousand_replies_cut_no_request_off_and_leave_the_pool_free(
+    platform: Platform,
+) -> None:
+    """Regression: each reply cancelled its "typing…" request when its text appeared; landing
+    while the request was in flight, that cut it off, and httpx kept its pooled connection
+    marked busy for good, until every Telegram call failed with "Pool timeout". Here each
+    "typing…" request is still in flight when its reply's text goes out (the platform answers it
+    only after), and no request may be cut off. Then as many "typing…" requests as Telegram's
+    pool has connections must all be in flight at once: a connection still taken would leave
+    one waiting for a slot (and failing after a second), so the count would never be reached.
+    (Telegram's pool is small here, so a thousand replies would soon exhaust it if each leaked.)"""
+    platform.typing_waits_for_text()
+    for _ in range(ROUNDS):
+        await _replies(platform, [platform.reply(chat) for chat in range(1, CHATS + 1)])
+    assert sum(len(platform.shown(chat)) for chat in range(1, CHATS + 1)) == CHATS * ROUNDS
+    assert platform.abandoned() == []
+
+    platform.typing_waits_for_company(POOL_SIZE)
+    replies = [platform.reply(chat) for chat in range(1, POOL_SIZE + 1)]
+    await platform.wait_until(
+        lambda: platform.most_typing_in_flight() == POOL_SIZE,
+        "a whole pool's worth of requests in flight at once",
+    )
+    await asyncio.gather(*(_reply(reply, n) for n, reply in enumerate(replies)))
+    assert platform.abandoned() == []
+
+
+async def _replies(platform: Platform, replies: list[Reply]) -> None:
+    """Each reply's "typing…" in flight, then each shows its text as it finishes."""
+    await platform.wait_until(
+        lambda: platform.typing_in_flight() == len(replies), "every reply typing"
+    )
+    await asyncio.gather(*(_reply(reply, n) for n, reply in enumerate(replies)))
+
+
+async def _reply(reply: Reply, n: int) -> None:
+    await reply.finish(f"Answer {n}.", Outcome.DONE, None)
+    assert reply.delivery is Delivery.SHOWN
