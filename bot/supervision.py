@@ -52,11 +52,13 @@ class Supervised:
                 if self._stopping.is_set():
                     return Ended(self.channel.platform)
                 self.channel.connected.clear()
-                self.channel.problem = f"{type(exc).__name__}: {exc}"
+                # A channel that knows what went wrong said it (with the fix) in `problem`.
+                self.channel.problem = self.channel.problem or str(exc) or type(exc).__name__
                 logger.error(
-                    "%s stopped (%s); restarting it in %g s, the other channels go on",
+                    "%s stopped (%s: %s); restarting it in %g s, the other channels go on",
                     self.channel.platform,
-                    self.channel.problem,
+                    type(exc).__name__,
+                    exc,
                     pause,
                     exc_info=logger.isEnabledFor(logging.DEBUG),
                 )

@@ -10,9 +10,10 @@ Which messages are ours, and where they belong:
   a thread made from a message takes the message's id, so the place `discord:<guild>:<thread>`
   is known before the thread exists, and the opening message is the conversation's first. The
   thread is opened only once the mention is taken: a notice for it (the dispatcher's refusal of
-  a stranger, a command's answer) is a reply in the channel, no thread, and the same notice to
-  the same person there at most once an hour, so mentions cannot make the bot spam a channel;
-  a mention that starts a turn has its thread opened as soon as the dispatcher returns.
+  a stranger, at most once an hour per person, so mentions cannot make the bot spam a channel;
+  a command's answer) is a reply in the channel, no thread; the thread is opened when the turn
+  the mention started first shows something there (its typing indicator), so a mention nothing
+  answers (a duplicate, a stranger told already) opens none.
 - A message in a thread continues it when the bot opened the thread (`owner_id`), joined it, or
   was mentioned there: a mention in someone else's thread makes the bot join it, which Discord
   remembers across restarts. A message in an archived thread reopens it (Discord does that), and
@@ -60,7 +61,6 @@ import contextlib
 import contextvars
 import logging
 import re
-import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -112,7 +112,6 @@ LONGEST_LIBRARY_WAIT = 30.0  # seconds; a longer rate limit raises instead (disc
 LOGIN_SECONDS = 30.0
 HANDLERS_CLOSE_SECONDS = 10.0
 GATEWAY_CLOSE_SECONDS = 1.0  # a closed client's gateway ends at once unless it sleeps a backoff
-NOTICE_REPEAT_SECONDS = 3600.0  # the same notice to the same person in a channel, at most
 PENDING_MENTIONS = 1000  # mentions whose thread is not opened yet, remembered at most
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 THREAD_EXISTS = 160004  # Discord's error code: a thread was already made from this message
@@ -341,7 +340,6 @@ class DiscordChannel:
         self._handlers: set[asyncio.Task[Any]] = set()
         self._warned_blank = False
         self._mentions: OrderedDict[int, _Mention] = OrderedDict()
-        self._notices: dict[tuple[int, str], float] = {}
         self._unreadable = ThrottledLog(logger)
 
     def _new_client(self) -> tuple[_Client, app_commands.CommandTree]:
@@ -464,20 +462,10 @@ class DiscordChannel:
             raise PlatformError(f"no thread could be opened on message {mention.message.id}")
 
     async def _answer_in_channel(self, mention: _Mention, text: str) -> None:
-        """A notice for a mention that has no thread: a reply to it in the channel, unless the
-        same person got the same notice there within the hour."""
+        """A notice for a mention that has no thread (a refusal, a command's answer): a reply
+        to it in the channel. (How often a stranger is refused is the dispatcher's rule.)"""
         mention.answered = True
         self._mentions.pop(mention.message.id, None)
-        key, now = (mention.message.author.id, text), time.monotonic()
-        self._notices = {k: t for k, t in self._notices.items() if now - t < NOTICE_REPEAT_SECONDS}
-        if key in self._notices:
-            logger.info(
-                "Discord: not repeating a notice to %s in #%s within the hour",
-                mention.message.author.id,
-                mention.message.channel,
-            )
-            return
-        self._notices[key] = now
         transport = DiscordTransport(
             self._client, mention.message.channel.id, reply_to=mention.message
         )
@@ -596,10 +584,6 @@ class DiscordChannel:
                 author_roles=origin.roles,
             )
         )
-        mention = self._mentions.get(where.channel)
-        if mention is not None and not mention.answered:
-            with contextlib.suppress(PlatformError):  # told in the channel; its reply fails
-                await self._thread_of(mention)  # taken, not answered: a turn needs the thread
 
     async def stop_clicked(self, interaction: discord.Interaction) -> None:
         with self._handling():

@@ -7,7 +7,8 @@
    message that cannot be recorded is not acknowledged where the platform will deliver it again
    (`ChannelMessage.redeliverable`), and otherwise the person is told to send it again. The
    text is cleaned first (`core.text.clean`), so the model and the store see the same text.
-2. A refused person is told so once per message, and no model is called.
+2. A refused person is told so, at most once an hour (so a stranger cannot make the bot spam a
+   channel by mentioning it), and no model is called.
 3. Commands are matched before anything queues: a command is never sent to the model and never
    waits behind a running turn. It runs before `handle` returns, so a message that arrives after
    it is handled after it (a `/new` then a question: the question opens the new conversation).
@@ -19,6 +20,7 @@
 """
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -30,6 +32,8 @@ from core.text import clean
 from core.turns import TurnRequest, TurnRunner
 
 logger = logging.getLogger(__name__)
+
+REFUSE_AGAIN_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,8 @@ class Dispatcher:
         self._access = access
         self._max_chars = max_message_chars
         self._commands = Commands(store, runner)
+        self._refused: dict[tuple[str, str], float] = {}
+        """When each stranger (platform, person) was last told they are refused."""
 
     async def handle(self, message: ChannelMessage) -> None:
         """Record `message` and act on it: answer a refusal or a command, or queue a turn.
@@ -115,13 +121,8 @@ class Dispatcher:
             logger.info("duplicate %s message %s ignored", *_origin(message))
             return
         channel = self._channels[message.platform]
-        if stranger is not None:
-            logger.warning(
-                "refused a message from %s user %s in %s (not on the allow-lists)",
-                message.platform,
-                message.author_id,
-                message.place,
-            )
+        if stranger is not None and not self._refusing_again(message):
+            return
         if refusal is not None:
             await channel.notify(message.place, refusal)
         elif command is not None:
@@ -143,6 +144,24 @@ class Dispatcher:
                     images=message.images,
                 )
             )
+
+    def _refusing_again(self, message: ChannelMessage) -> bool:
+        """Log a stranger's message; whether to tell them (not if they were within the hour)."""
+        now, key = time.monotonic(), (message.platform, message.author_id)
+        self._refused = {
+            k: at for k, at in self._refused.items() if now - at < REFUSE_AGAIN_SECONDS
+        }
+        told = key in self._refused
+        logger.warning(
+            "refused a message from %s user %s in %s (not on the allow-lists)%s",
+            message.platform,
+            message.author_id,
+            message.place,
+            "; told within the hour, not again" if told else "",
+        )
+        if not told:
+            self._refused[key] = now
+        return not told
 
     async def _recorded(self, message: ChannelMessage, status: str) -> int | None:
         """The message's inbox id, or None for a duplicate. A redelivery is a duplicate unless

@@ -132,6 +132,24 @@ async def test_a_stranger_is_refused_without_a_model_call(
     assert "refused a message from test user mallory" in caplog.text
 
 
+async def test_a_stranger_is_told_at_most_once_an_hour(
+    make_bot: BotFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: a refused stranger's every mention got its own refusal (on Discord, its own
+    public thread): a lever to make the bot spam a channel."""
+    bot = make_bot(allowed=frozenset({"ann"}))
+
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            await bot.send("let me in", author="mallory")
+        await bot.send("me too", author="trudy")
+
+    notices = bot.channel.notices_in(PLACE)
+    assert [("mallory" in n, "trudy" in n) for n in notices] == [(True, False), (False, True)]
+    assert caplog.text.count("refused a message from test user mallory") == 3
+    assert caplog.text.count("told within the hour, not again") == 2
+
+
 async def test_a_room_not_on_the_list_is_refused(
     store: Store, model: ModelClient, ollama: FakeOllama
 ) -> None:
