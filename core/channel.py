@@ -64,11 +64,14 @@ class Delivery(StrEnum):
 
 @dataclass(frozen=True)
 class Frame:
-    """The reply as it should look now."""
+    """The reply as it should look now: its text, the thinking under way, what it is doing (a
+    status line: "using current_time…", "loading qwen3:4b…"), and the tools it has used so far
+    this turn, in order (so a channel can show each, however fast it was)."""
 
     text: str
     thinking: str = ""
     activity: str | None = None
+    tools: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

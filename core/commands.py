@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from core.channel import Channel, ChannelMessage
 from core.store import Store
 from core.tables import Turn
+from core.text import plural
 from core.turns import StopReport, TurnRunner
 
 COMMAND_PREFIXES = ("/", "!")
@@ -107,19 +108,27 @@ def describe_stop(report: StopReport) -> str:
 def describe_usage(turns: Sequence[Turn]) -> str:
     if not turns:
         return "No turns in this conversation yet."
-    lines = [f"Usage of this conversation ({len(turns)} turns):"]
+    lines = [f"Usage of this conversation ({len(turns)} {plural(len(turns), 'turn')}):"]
     first_shown = max(0, len(turns) - USAGE_TURNS_SHOWN)
     if first_shown:
         lines.append(f"(turns 1-{first_shown} are only in the total)")
     for number, turn in enumerate(turns[first_shown:], start=first_shown + 1):
-        lines.append(
-            f"#{number} {turn.status}: {turn.model_calls} model calls, {turn.prompt_tokens} "
-            f"tokens in, {turn.output_tokens} out, {turn.model_seconds:.1f} s"
-        )
+        spent = _spent(turn.model_calls, turn.prompt_tokens, turn.output_tokens, turn.model_seconds)
+        lines.append(f"#{number} {turn.status}: {spent}")
     lines.append(
-        f"Total: {sum(t.model_calls for t in turns)} model calls, "
-        f"{sum(t.prompt_tokens for t in turns)} tokens in, "
-        f"{sum(t.output_tokens for t in turns)} out, "
-        f"{sum(t.model_seconds for t in turns):.1f} s"
+        "Total: "
+        + _spent(
+            sum(t.model_calls for t in turns),
+            sum(t.prompt_tokens for t in turns),
+            sum(t.output_tokens for t in turns),
+            sum(t.model_seconds for t in turns),
+        )
     )
     return "\n".join(lines)
+
+
+def _spent(calls: int, tokens_in: int, tokens_out: int, seconds: float) -> str:
+    return (
+        f"{calls} model {plural(calls, 'call')}, {tokens_in} tokens in, {tokens_out} out, "
+        f"{seconds:.1f} s"
+    )

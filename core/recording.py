@@ -58,6 +58,7 @@ class TurnRecorder(LoopSink):
         self._thinking = ""
         self._answer: AssistantMessage | None = None
         self._activity: str | None = None
+        self._tools: list[str] = []
         self._saved = ("", "")
         self._reply_ids: tuple[str, ...] = ()
         self._ending: TurnState | None = None
@@ -110,6 +111,7 @@ class TurnRecorder(LoopSink):
 
     def tool_started(self, call: ToolCall) -> None:
         self._activity = f"using {call.name}…"
+        self._tools.append(call.name)
         self.on_change()
 
     def tool_finished(self, result: ToolResult) -> None:
@@ -122,7 +124,7 @@ class TurnRecorder(LoopSink):
         return PARAGRAPH.join([*self._said, self._text] if self._text else self._said)
 
     def frame(self) -> Frame:
-        return Frame(self.display_text(), self._thinking, self._activity)
+        return Frame(self.display_text(), self._thinking, self._activity, tuple(self._tools))
 
     def save_partial(self) -> "asyncio.Future[None]":
         """Queue a save of what a frame would show now (the message being streamed, and an

@@ -113,7 +113,7 @@ async def test_a_duplicate_delivery_is_answered_once(platform: Platform) -> None
     await platform.wait_until(lambda: len(platform.shown(ANN)) == 2, "the /usage answer")
 
     assert len(platform.bot.ollama.requests) == 1
-    assert platform.shown(ANN)[1].startswith("Usage of this conversation (1 turns)")
+    assert platform.shown(ANN)[1].startswith("Usage of this conversation (1 turn)")
 
 
 async def test_a_stranger_is_refused_without_a_model_call(platform: Platform) -> None:

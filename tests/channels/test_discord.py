@@ -256,7 +256,7 @@ async def test_a_replayed_mention_is_answered_once_in_one_thread(make_bot: BotFa
         fake.user_message(thread, "/usage")
         await fake.wait_until(lambda: len(said(fake, thread)) == 2, what="the /usage answer")
     assert len(discord.bot.ollama.requests) == 1
-    assert said(fake, thread)[1].startswith("Usage of this conversation (1 turns)")
+    assert said(fake, thread)[1].startswith("Usage of this conversation (1 turn)")
     assert len(fake.calls_to("POST", f"/channels/{CHANNEL_ID}/messages/{thread}/threads")) == 1
 
 

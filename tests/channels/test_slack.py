@@ -106,7 +106,7 @@ async def test_a_mention_followed_by_the_word_is_the_command(make_bot: BotFactor
         await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the reply")
         fake.mention(ROOM, "usage", user=ANN_ID, thread_ts=opened)
         await fake.wait_until(lambda: len(fake.posted(ROOM, opened)) == 2, what="the usage")
-    assert fake.posted(ROOM, opened)[1].text.startswith("Usage of this conversation (1 turns)")
+    assert fake.posted(ROOM, opened)[1].text.startswith("Usage of this conversation (1 turn)")
     assert len(slack.bot.ollama.requests) == 1
 
 

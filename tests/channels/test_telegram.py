@@ -148,7 +148,7 @@ async def test_a_restart_does_not_answer_a_redelivered_message_again(
             second.say(ANN, "/usage")
             await second.wait_until(lambda: len(second.shown(ANN)) == 2, "the /usage answer")
     assert len(first.bot.ollama.requests) == 1, "the redelivered message reached no model"
-    assert second.shown(ANN)[1].startswith("Usage of this conversation (1 turns)")
+    assert second.shown(ANN)[1].startswith("Usage of this conversation (1 turn)")
 
 
 async def test_a_wrong_token_is_named_at_start_up(make_bot: BotFactory) -> None:

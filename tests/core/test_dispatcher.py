@@ -95,8 +95,8 @@ async def test_usage_matches_the_model_counts(bot: Bot) -> None:
     (usage,) = bot.channel.notices_in(PLACE)
     lines = usage.splitlines()
     assert lines[0] == "Usage of this conversation (2 turns):"
-    assert lines[1].startswith("#1 done: 1 model calls, 120 tokens in, 30 out")
-    assert lines[2].startswith("#2 done: 1 model calls, 200 tokens in, 45 out")
+    assert lines[1].startswith("#1 done: 1 model call, 120 tokens in, 30 out")
+    assert lines[2].startswith("#2 done: 1 model call, 200 tokens in, 45 out")
     assert lines[3].startswith("Total: 2 model calls, 320 tokens in, 75 out")
 
 
