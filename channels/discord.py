@@ -71,6 +71,7 @@ import aiohttp
 import yarl
 
 from channels.formatting import split_message
+from channels.places import DiscordPlace
 from channels.rendering import (
     LostMessage,
     PlatformError,
@@ -96,8 +97,7 @@ discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = False
 
 logger = logging.getLogger(__name__)
 
-PLATFORM = "discord"
-DM = "dm"
+PLATFORM = DiscordPlace.platform
 MESSAGE_LIMIT = 2000
 THREAD_NAME_LIMIT = 100
 STOP_BUTTON_ID = "kaiwa:stop"
@@ -119,23 +119,6 @@ INTENT_FIX = (
     "turn on the Message Content intent: Discord Developer Portal → your application → Bot → "
     "Privileged Gateway Intents → Message Content Intent"
 )
-
-
-@dataclass(frozen=True)
-class _Where:
-    """A conversation: a thread in a guild, or a DM channel (`guild` is "dm")."""
-
-    guild: str
-    channel: int
-
-    @property
-    def place(self) -> str:
-        return f"{PLATFORM}:{self.guild}:{self.channel}"
-
-    @classmethod
-    def of(cls, place: str) -> "_Where":
-        _, guild, channel = place.split(":", 2)
-        return cls(guild, int(channel))
 
 
 class DiscordTransport:
@@ -430,14 +413,14 @@ class DiscordChannel:
         if pending is not None and pending.place == place and not pending.answered:
             await pending.answer(text)
             return
-        mention = self._mentions.get(_Where.of(place).channel)
+        mention = self._mentions.get(DiscordPlace.of(place).channel)
         if mention is not None and mention.opening is None:
             await self._answer_in_channel(mention, text)
             return
         await send_notice(self._transport(place), text, self._settings.final_edit_seconds)
 
     def _transport(self, place: str) -> DiscordTransport:
-        channel = _Where.of(place).channel
+        channel = DiscordPlace.of(place).channel
         mention = self._mentions.get(channel)
         if mention is None:
             return DiscordTransport(self._client, channel)
@@ -573,7 +556,7 @@ class DiscordChannel:
         await deliver(
             ChannelMessage(
                 platform=PLATFORM,
-                place=where.place,
+                place=where.key,
                 message_id=str(message.id),
                 author_id=str(message.author.id),
                 author_name=message.author.display_name,
@@ -640,20 +623,20 @@ class DiscordChannel:
 
     async def _where(
         self, message: discord.Message, channel: object, text: str, mentioned: bool
-    ) -> _Where | None:
+    ) -> DiscordPlace | None:
         """The conversation `message` (in `channel`; `text` without the bot's mention) belongs
         to, or None when it is not for the bot."""
         if message.guild is None:
-            return _Where(DM, message.channel.id)
+            return DiscordPlace.direct(message.channel.id)
         guild = str(message.guild.id)
         if isinstance(channel, discord.Thread):
             if mentioned:
                 await self._join(channel)
-            return _Where(guild, channel.id) if self._takes_part_in(channel) else None
+            return DiscordPlace(guild, channel.id) if self._takes_part_in(channel) else None
         if mentioned and isinstance(channel, discord.TextChannel):
             if message.thread is None:  # a replay of a mention may know its thread already
                 self._remember(_Mention(message, text))
-            return _Where(guild, message.thread.id if message.thread else message.id)
+            return DiscordPlace(guild, message.thread.id if message.thread else message.id)
         return None
 
     def _takes_part_in(self, thread: discord.Thread) -> bool:
@@ -750,12 +733,14 @@ def _origin(author: discord.abc.User, channel: object, guild_id: int | None) -> 
 def _place_of(interaction: discord.Interaction) -> str | None:
     """Where a slash command or button acts: the thread or DM it was used in."""
     if interaction.guild_id is None:
-        return _Where(DM, interaction.channel_id or 0).place
+        return DiscordPlace.direct(interaction.channel_id or 0).key
     channel = interaction.channel
     is_thread = isinstance(channel, discord.Thread) or (
         isinstance(channel, discord.PartialMessageable) and channel.type in THREAD_TYPES
     )
-    return _Where(str(interaction.guild_id), channel.id).place if is_thread and channel else None
+    if not (is_thread and channel):
+        return None
+    return DiscordPlace(str(interaction.guild_id), channel.id).key
 
 
 def _thread_name(text: str, author: discord.User | discord.Member) -> str:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from channels.formatting import split_message
+from channels.places import platform_of
 from core.channel import Delivery, Frame, Outcome
 
 logger = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ class StreamingReply:
     def _not_shown(self, error: Exception) -> None:
         self.delivery = Delivery.STALE if self._shown else Delivery.NOTHING
         if isinstance(error, RateLimited):
-            platform = self._place.partition(":")[0]
+            platform = platform_of(self._place)
             error = PlatformError(
                 f"rate limited past [channels.{platform}].final_edit_seconds = "
                 f"{self._settings.final_edit_seconds:g} s"

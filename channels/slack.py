@@ -58,6 +58,7 @@ from slack_sdk.socket_mode.aiohttp import SocketModeClient
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.formatting import slack_mrkdwn
+from channels.places import SlackPlace
 from channels.rendering import (
     LostMessage,
     PlatformError,
@@ -74,9 +75,8 @@ from core.errors import ChannelError, StoreError
 
 logger = logging.getLogger(__name__)
 
-PLATFORM = "slack"
+PLATFORM = SlackPlace.platform
 MESSAGE_LIMIT = 4000
-TOP = "top"
 COMMAND_WORDS = {name for name, _ in COMMANDS}
 SLASH_COMMAND = "/kaiwa"
 LAST_RETRY = 3  # Slack retries an unacknowledged event three times
@@ -94,22 +94,6 @@ class SlackTokens:
     signing_secret: str = ""
 
 
-@dataclass(frozen=True)
-class _Where:
-    team: str
-    channel: str
-    thread: str
-
-    @property
-    def place(self) -> str:
-        return f"{PLATFORM}:{self.team}:{self.channel}:{self.thread}"
-
-    @classmethod
-    def of(cls, place: str) -> "_Where":
-        _, team, channel, thread = place.split(":", 3)
-        return cls(team, channel, thread)
-
-
 class SlackTransport:
     """One Slack thread (or top-level DM) as `channels.rendering` sees it."""
 
@@ -119,13 +103,13 @@ class SlackTransport:
     def __init__(
         self,
         client: AsyncWebClient,
-        where: _Where,
+        where: SlackPlace,
         working_on: str | None = None,
         reaction: str = "",
     ) -> None:
         self._client = client
         self._channel = where.channel
-        self._thread = None if where.thread == TOP else where.thread
+        self._thread = where.thread_ts
         self._working_on = working_on
         self._reaction = reaction
         self._working = asyncio.Lock()
@@ -332,12 +316,12 @@ class SlackChannel:
     def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
         working_on = reply_to.split(":", 1)[1] if reply_to else None
         transport = SlackTransport(
-            self.web_client, _Where.of(place), working_on, self._settings.working_reaction
+            self.web_client, SlackPlace.of(place), working_on, self._settings.working_reaction
         )
         return StreamingReply(transport, self._render, place, posted)
 
     async def notify(self, place: str, text: str) -> None:
-        transport = SlackTransport(self.web_client, _Where.of(place))
+        transport = SlackTransport(self.web_client, SlackPlace.of(place))
         await send_notice(transport, text, self._settings.final_edit_seconds)
 
     # -- connecting ----------------------------------------------------------------------------
@@ -452,7 +436,7 @@ class SlackChannel:
         await self._deliver(
             ChannelMessage(
                 platform=PLATFORM,
-                place=where.place,
+                place=where.key,
                 message_id=f"{event['channel']}:{event['ts']}",
                 author_id=event.get("user", ""),
                 text=text,
@@ -480,7 +464,7 @@ class SlackChannel:
         await self._deliver(
             ChannelMessage(
                 platform=PLATFORM,
-                place=where.place,
+                place=where.key,
                 message_id=f"command:{command.get('trigger_id', '')}",
                 author_id=command.get("user_id", ""),
                 text=f"!{word}",
@@ -502,17 +486,17 @@ class SlackChannel:
             return not own and self._settings.answer_bots
         return event.get("user") != self._identity.get("user_id")
 
-    async def _where(self, event: dict[str, Any], body: dict[str, Any]) -> _Where | None:
+    async def _where(self, event: dict[str, Any], body: dict[str, Any]) -> SlackPlace | None:
         """The conversation `event` belongs to, or None when it is not for the bot."""
         team = event.get("team") or body.get("team_id", "")
         channel, thread = event["channel"], event.get("thread_ts")
         if event.get("channel_type") == "im":
-            return _Where(team, channel, thread or TOP)
+            return SlackPlace(team, channel, thread or SlackPlace.TOP)
         _, mentioned = self._without_mention(event.get("text", ""))
         if thread is None:
-            return _Where(team, channel, event["ts"]) if mentioned else None
+            return SlackPlace(team, channel, event["ts"]) if mentioned else None
         if mentioned or await self._takes_part_in(channel, thread):
-            return _Where(team, channel, thread)
+            return SlackPlace(team, channel, thread)
         return None
 
     async def _takes_part_in(self, channel: str, thread: str) -> bool:
@@ -590,15 +574,15 @@ def _refusal(exc: SlackApiError, kind: str, variable: str) -> Exception:
     return ChannelError(_token_problem(kind, variable, exc))
 
 
-def _command_target(command: dict[str, Any]) -> tuple[str, _Where] | None:
+def _command_target(command: dict[str, Any]) -> tuple[str, SlackPlace] | None:
     """`/kaiwa <word> <thread>`: the command word and the thread it acts on, or None if either
     is missing (in a DM, the DM itself is the thread)."""
     word, _, target = (command.get("text") or "").strip().partition(" ")
     channel, team = command["channel_id"], command.get("team_id", "")
-    thread = _thread_from(target) or (TOP if channel.startswith("D") else None)
+    thread = _thread_from(target) or (SlackPlace.TOP if channel.startswith("D") else None)
     if word not in COMMAND_WORDS or thread is None:
         return None
-    return word, _Where(team, channel, thread)
+    return word, SlackPlace(team, channel, thread)
 
 
 def _retry_number(request: AsyncBoltRequest) -> int:

@@ -47,6 +47,7 @@ from telegram.error import BadRequest, InvalidToken, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
 from channels.formatting import telegram_html, utf16_len
+from channels.places import TelegramPlace
 from channels.rendering import (
     LostMessage,
     PlatformError,
@@ -68,7 +69,7 @@ os.environ.setdefault("PTB_TIMEDELTA", "true")
 
 logger = logging.getLogger(__name__)
 
-PLATFORM = "telegram"
+PLATFORM = TelegramPlace.platform
 MESSAGE_LIMIT = 4096
 CONNECTION_POOL_SIZE = 256  # python-telegram-bot's Application default, for many chats at once
 POLL_PAUSE_SECONDS, MAX_POLL_PAUSE_SECONDS = 1.0, 30.0
@@ -202,13 +203,12 @@ class TelegramChannel:
             await asyncio.gather(self._fetch, return_exceptions=True)
 
     def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
-        chat_id = _chat_id(place)
         message_id = int(reply_to.rsplit(":", 1)[1]) if reply_to else None
-        transport = TelegramTransport(self._bot, chat_id, message_id)
+        transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, message_id)
         return StreamingReply(transport, self._render, place, posted)
 
     async def notify(self, place: str, text: str) -> None:
-        transport = TelegramTransport(self._bot, _chat_id(place), None)
+        transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, None)
         await send_notice(transport, text, self._settings.final_edit_seconds)
 
     # -- connecting ----------------------------------------------------------------------------
@@ -360,7 +360,7 @@ class TelegramChannel:
         await self._deliver(
             ChannelMessage(
                 platform=PLATFORM,
-                place=f"{PLATFORM}:{message.chat_id}",
+                place=TelegramPlace(message.chat_id).key,
                 message_id=f"{message.chat_id}:{message.message_id}",
                 author_id=str(message.from_user.id),
                 author_name=message.from_user.full_name,
@@ -425,10 +425,6 @@ def _is_parse_error(exc: BadRequest) -> bool:
 
 def _is_not_modified(exc: BadRequest) -> bool:
     return "message is not modified" in exc.message.lower()
-
-
-def _chat_id(place: str) -> int:
-    return int(place.split(":", 1)[1])
 
 
 def _token_problem(settings: TelegramSettings) -> str:
