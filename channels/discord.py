@@ -70,6 +70,7 @@ from typing import Any, NamedTuple
 import aiohttp
 import yarl
 
+from channels.connection import ConnectionState, unreachable
 from channels.formatting import split_message
 from channels.places import DiscordPlace
 from channels.rendering import (
@@ -292,12 +293,15 @@ class _Mention:
     opening: asyncio.Task[discord.Thread | None] | None = field(default=None, repr=False)
 
 
-class DiscordChannel:
+class DiscordChannel(ConnectionState):
     platform = PLATFORM
 
     def __init__(
         self, settings: DiscordSettings, token: str, *, guild_ready_timeout: float = 2.0
     ) -> None:
+        """`connected` is set while the gateway session is ready (every server known):
+        messages arrive."""
+        super().__init__()
         self._settings = settings
         self._token = token
         self._guild_ready_timeout = guild_ready_timeout
@@ -313,9 +317,6 @@ class DiscordChannel:
         self._client, self._commands = self._new_client()
         self._commands_registered = False
         self._deliver: Deliver | None = None
-        self.connected = asyncio.Event()
-        """Set while the gateway session is ready (every server known): messages arrive."""
-        self.problem: str | None = None
         self._receiving = False
         self._stopping = asyncio.Event()
         self._gateway: asyncio.Task[None] | None = None
@@ -363,7 +364,7 @@ class DiscordChannel:
         try:
             await self._logged_in()
         except (ChannelError, PlatformError) as exc:
-            raise self._cannot_connect(exc) from exc
+            raise self.cannot_connect(exc) from exc
         await self._register_commands()
         self._receiving = True
         self._gateway = asyncio.create_task(self._client.connect(), name="discord gateway")
@@ -373,7 +374,7 @@ class DiscordChannel:
         if not self._stopping.is_set():  # the gateway ended by itself
             self.connected.clear()
             await self._client.close()
-            raise self._cannot_connect(self._gateway_failure(self._gateway))
+            raise self.cannot_connect(self._gateway_failure(self._gateway))
 
     async def stop_receiving(self) -> None:
         """Ignore new events; the gateway stays open until `close`, so replies still edit."""
@@ -475,9 +476,9 @@ class DiscordChannel:
         except discord.LoginFailure as exc:
             raise ChannelError(self._token_problem()) from exc
         except (aiohttp.ClientError, OSError, TimeoutError, discord.HTTPException) as exc:
+            api_base = self._settings.api_base
             raise PlatformError(
-                f"cannot reach Discord at {self._settings.api_base} ({exc}): check the network "
-                "and [channels.discord].api_base"
+                unreachable("Discord", api_base, "[channels.discord].api_base", exc)
             ) from exc
 
     def _token_problem(self) -> str:
@@ -485,15 +486,6 @@ class DiscordChannel:
             f"Discord rejected the bot token in ${self._settings.token_env} (401 Unauthorized): "
             "copy it again from the Developer Portal → your application → Bot → Reset Token"
         )
-
-    def _cannot_connect(self, error: Exception) -> Exception:
-        self.connected.clear()
-        self.problem = str(error)
-        return error
-
-    def now_connected(self) -> None:
-        self.problem = None
-        self.connected.set()
 
     async def _register_commands(self) -> None:
         if not self._settings.slash_commands or self._commands_registered:

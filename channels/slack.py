@@ -57,6 +57,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
 from slack_sdk.web.async_client import AsyncWebClient
 
+from channels.connection import ConnectionState, unreachable
 from channels.formatting import slack_mrkdwn
 from channels.places import SlackPlace
 from channels.rendering import (
@@ -224,10 +225,13 @@ class _KeptUrl:
         return time.monotonic() - self.at < FRESH_URL_SECONDS
 
 
-class SlackChannel:
+class SlackChannel(ConnectionState):
     platform = PLATFORM
 
     def __init__(self, settings: SlackSettings, tokens: SlackTokens) -> None:
+        """`connected` is set while events can arrive (the socket is up, or the HTTP server
+        listens)."""
+        super().__init__()
         self._settings = settings
         self._tokens = tokens
         self.traits = ChannelTraits(frame_interval=settings.edit_interval)
@@ -251,9 +255,6 @@ class SlackChannel:
         self._app.error(self._on_error)
         self._deliver: Deliver | None = None
         self._stopping = asyncio.Event()
-        self.connected = asyncio.Event()
-        """Set while events can arrive (the socket is up, or the HTTP server listens)."""
-        self.problem: str | None = None
         self._kept_url: _KeptUrl | None = None
         self._identity: dict[str, str] = {}
         self._threads: dict[tuple[str, str], bool] = {}
@@ -295,9 +296,9 @@ class SlackChannel:
             await self._who_am_i()
         except SlackApiError as exc:
             refusal = _refusal(exc, "bot token", self._settings.bot_token_env)
-            raise self._cannot_connect(refusal) from exc
+            raise self.cannot_connect(refusal) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise self._cannot_connect(PlatformError(self._unreachable(exc))) from exc
+            raise self.cannot_connect(PlatformError(self._unreachable(exc))) from exc
         try:
             if self._settings.mode == "http":
                 await self._serve_http()
@@ -326,16 +327,8 @@ class SlackChannel:
 
     # -- connecting ----------------------------------------------------------------------------
 
-    def _cannot_connect(self, error: Exception) -> Exception:
-        self.connected.clear()
-        self.problem = str(error)
-        return error
-
     def _unreachable(self, exc: Exception) -> str:
-        return (
-            f"cannot reach Slack at {self._settings.api_url} ({exc}): check the network and "
-            "[channels.slack].api_url"
-        )
+        return unreachable("Slack", self._settings.api_url, "[channels.slack].api_url", exc)
 
     async def socket_url(self) -> str:
         """A Socket Mode URL for the next connection: the one `problems` kept, if still fresh,
@@ -347,7 +340,7 @@ class SlackChannel:
         try:
             return await self._open_socket_url()
         except (ChannelError, PlatformError) as exc:
-            raise self._cannot_connect(exc) from exc
+            raise self.cannot_connect(exc) from exc
 
     async def _open_socket_url(self) -> str:
         try:
@@ -362,8 +355,7 @@ class SlackChannel:
         return url
 
     def socket_connected(self) -> None:
-        self.problem = None
-        self.connected.set()
+        self.now_connected()
         logger.info("Slack: connected over Socket Mode as %s", self._identity.get("user_id"))
 
     # -- receiving -----------------------------------------------------------------------------
@@ -394,9 +386,8 @@ class SlackChannel:
                 f"cannot listen for Slack events on {settings.http_host}:{settings.http_port} "
                 f"({exc}): set [channels.slack].http_port to a free port"
             )
-            raise self._cannot_connect(ChannelError(problem)) from exc
-        self.problem = None
-        self.connected.set()
+            raise self.cannot_connect(ChannelError(problem)) from exc
+        self.now_connected()
         logger.info(
             "Slack: receiving events on http://%s:%d%s",
             settings.http_host,

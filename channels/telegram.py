@@ -46,6 +46,7 @@ from telegram.constants import ChatAction, ChatType, ParseMode
 from telegram.error import BadRequest, InvalidToken, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
+from channels.connection import ConnectionState, unreachable
 from channels.formatting import telegram_html, utf16_len
 from channels.places import TelegramPlace
 from channels.rendering import (
@@ -130,7 +131,7 @@ class TelegramTransport:
             await self._bot.send_chat_action(self._chat_id, ChatAction.TYPING)
 
 
-class TelegramChannel:
+class TelegramChannel(ConnectionState):
     platform = PLATFORM
 
     def __init__(
@@ -141,7 +142,9 @@ class TelegramChannel:
         connection_pool_size: int = CONNECTION_POOL_SIZE,
     ) -> None:
         """`connection_pool_size`: connections for every call but the long poll (tests make
-        it small, so that one connection never given back would soon show)."""
+        it small, so that one connection never given back would soon show). `connected` is
+        set while polls reach Telegram."""
+        super().__init__()
         self._settings = settings
         self._render = RenderSettings(
             settings.show_thinking,
@@ -160,9 +163,6 @@ class TelegramChannel:
         )
         self._deliver: Deliver | None = None
         self._stopping = asyncio.Event()
-        self.connected = asyncio.Event()
-        """Set while polls reach Telegram."""
-        self.problem: str | None = None
         self._offset: int | None = None
         """The first update not yet confirmed to Telegram (None: none seen yet)."""
         self._fetch: asyncio.Future[list[dict[str, Any]]] | None = None
@@ -222,23 +222,14 @@ class TelegramChannel:
             await self._bot.set_my_commands([BotCommand(n, s) for n, s in COMMANDS])
             await self._bot.delete_webhook()  # a webhook left set would refuse every getUpdates
         except InvalidToken as exc:
-            raise self._cannot_connect(ChannelError(_token_problem(self._settings))) from exc
+            raise self.cannot_connect(ChannelError(_token_problem(self._settings))) from exc
         except TelegramError as exc:
-            raise self._cannot_connect(PlatformError(self._unreachable(exc))) from exc
-        self.problem = None
-        self.connected.set()
+            raise self.cannot_connect(PlatformError(self._unreachable(exc))) from exc
+        self.now_connected()
         logger.info("Telegram: polling as @%s", self._bot.username)
 
-    def _cannot_connect(self, error: Exception) -> Exception:
-        self.connected.clear()
-        self.problem = str(error)
-        return error
-
     def _unreachable(self, exc: Exception) -> str:
-        return (
-            f"cannot reach Telegram at {self._settings.base_url} ({exc}): check the network "
-            "and [channels.telegram].base_url"
-        )
+        return unreachable("Telegram", self._settings.base_url, "[channels.telegram].base_url", exc)
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -253,20 +244,18 @@ class TelegramChannel:
             try:
                 batch = await self._fetch_updates()
             except InvalidToken as exc:
-                raise self._cannot_connect(ChannelError(_token_problem(self._settings))) from exc
+                raise self.cannot_connect(ChannelError(_token_problem(self._settings))) from exc
             except RetryAfter as exc:
                 await self._pause(_seconds(exc))
                 continue
             except TelegramError as exc:
-                self.connected.clear()
-                self.problem = self._unreachable(exc)
+                self.lost(self._unreachable(exc))
                 logger.warning("Telegram: fetching updates failed (%s); again in %g s", exc, pause)
                 await self._pause(pause)
                 pause = min(pause * 2, MAX_POLL_PAUSE_SECONDS)
                 continue
             pause = POLL_PAUSE_SECONDS
-            self.problem = None
-            self.connected.set()
+            self.now_connected()
             if batch and not self._stopping.is_set() and not await self._hand_over(batch):
                 await self._pause(POLL_PAUSE_SECONDS)  # the store already waited its turn
 

@@ -1,0 +1,40 @@
+"""Whether a channel can receive now, and why not: the `connected` and `problem` of
+`core.channel.Channel`, kept the same way by every platform adapter.
+
+`connected` is set while events can arrive; `problem` is why the channel last could not connect,
+in words with the fix, and is cleared once it connects. An adapter is a `ConnectionState`: it calls
+`now_connected` when its connection is up, `lost` when it drops with a reason, and raises
+`cannot_connect(error)` when it gives up, so the supervisor and the start line show the words the
+exception carries. The state is plain attributes, since the supervisor sets them too when a
+channel's `run` fails in a way the channel could not describe.
+"""
+
+import asyncio
+from typing import TypeVar
+
+E = TypeVar("E", bound=Exception)
+
+
+class ConnectionState:
+    def __init__(self) -> None:
+        self.connected = asyncio.Event()
+        self.problem: str | None = None
+
+    def now_connected(self) -> None:
+        self.problem = None
+        self.connected.set()
+
+    def lost(self, problem: str) -> None:
+        """Not connected, for the reason given (a reconnect may be under way)."""
+        self.connected.clear()
+        self.problem = problem
+
+    def cannot_connect(self, error: E) -> E:
+        """Record why the channel cannot connect; returns `error`, for the caller to raise."""
+        self.lost(str(error))
+        return error
+
+
+def unreachable(service: str, url: str, setting: str, error: BaseException) -> str:
+    """Why a platform could not be reached, and what to check: the network and `setting`."""
+    return f"cannot reach {service} at {url} ({error}): check the network and {setting}"
