@@ -7,6 +7,10 @@ at start-up: an unknown key or a value of the wrong type fails naming the key an
 type, before anything starts. Secrets never live in the file: a `*_env` key names the
 environment variable that holds one.
 
+A settings class may inherit its fields, also from a generic base (`channels.settings`'s
+`PlatformSettings[int]`): a field typed by the base's parameter is read as the type the class
+gives it.
+
 Which file: `--config PATH`, else `$KAIWA_CONFIG`, else `./config.toml` if present, else the
 embedded defaults. Relative paths in the file are relative to the file's folder.
 """
@@ -20,7 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from channels.settings import DiscordSettings, SlackSettings, TelegramSettings, TerminalSettings
+from channels.settings import (
+    DiscordSettings,
+    PlatformSettings,
+    SlackSettings,
+    TelegramSettings,
+    TerminalSettings,
+)
 from core.errors import ConfigError
 from core.model import ModelSettings
 from core.store import StoreSettings
@@ -154,13 +164,40 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"'{prefix.rstrip('.')}' must be a table")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "base_dir"}
-    hints = typing.get_type_hints(cls)
+    hints = _field_types(cls)
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key not in fields:
             raise ConfigError(f"unknown key '{prefix}{key}'; valid keys here: {', '.join(fields)}")
         values[key] = _value(hints[key], value, f"{prefix}{key}")
     return cls(**values)
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    """Each field's type, with the type parameters of generic bases bound to what `cls` gives
+    them (`list[Id]` in a `PlatformSettings[int]` is `list[int]`)."""
+    bound = _bindings(cls)
+    return {name: _bind(hint, bound) for name, hint in typing.get_type_hints(cls).items()}
+
+
+def _bindings(cls: type) -> dict[Any, Any]:
+    """What each type parameter of `cls`'s generic bases, and of theirs, stands for in `cls`."""
+    bound: dict[Any, Any] = {}
+    for base in getattr(cls, "__orig_bases__", ()):
+        origin = typing.get_origin(base)
+        if not isinstance(origin, type) or origin is typing.Generic:
+            continue
+        given = dict(zip(origin.__parameters__, typing.get_args(base), strict=True))
+        inherited = {param: _bind(hint, given) for param, hint in _bindings(origin).items()}
+        bound |= inherited | given
+    return bound
+
+
+def _bind(hint: Any, bound: dict[Any, Any]) -> Any:
+    if isinstance(hint, typing.TypeVar):
+        return bound.get(hint, hint)
+    parameters = getattr(hint, "__parameters__", ())
+    return hint[tuple(bound.get(p, p) for p in parameters)] if parameters else hint
 
 
 def _value(hint: Any, value: Any, key: str) -> Any:
@@ -218,14 +255,12 @@ def _checked(config: Config) -> Config:
         "storage.connections": config.storage.connections,
         "logging.max_bytes": config.logging.max_bytes,
         "channels.terminal.frame_interval": config.channels.terminal.frame_interval,
-        "channels.telegram.edit_interval": config.channels.telegram.edit_interval,
         "channels.telegram.poll_timeout": config.channels.telegram.poll_timeout,
-        "channels.telegram.final_edit_seconds": config.channels.telegram.final_edit_seconds,
-        "channels.slack.final_edit_seconds": config.channels.slack.final_edit_seconds,
-        "channels.discord.final_edit_seconds": config.channels.discord.final_edit_seconds,
-        "channels.slack.edit_interval": config.channels.slack.edit_interval,
-        "channels.discord.edit_interval": config.channels.discord.edit_interval,
     }
+    for name, platform in vars(config.channels).items():
+        if isinstance(platform, PlatformSettings):
+            positive[f"channels.{name}.edit_interval"] = platform.edit_interval
+            positive[f"channels.{name}.final_edit_seconds"] = platform.final_edit_seconds
     for name, agent in config.agents.items():
         positive[f"agents.{name}.max_iterations"] = agent.max_iterations
         if not agent.model:

@@ -306,12 +306,7 @@ class DiscordChannel(ConnectionState):
         self._token = token
         self._guild_ready_timeout = guild_ready_timeout
         self.traits = ChannelTraits(frame_interval=settings.edit_interval)
-        self._render = RenderSettings(
-            settings.show_thinking,
-            settings.show_tools,
-            min_interval=settings.edit_interval,
-            final_edit_seconds=settings.final_edit_seconds,
-        )
+        self._render = RenderSettings.of(settings)
         discord.http.Route.BASE = settings.api_base.rstrip("/")
         discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(settings.gateway_url)
         self._client, self._commands = self._new_client()

@@ -41,6 +41,7 @@ from typing import Protocol
 
 from channels.formatting import split_message
 from channels.places import platform_of
+from channels.settings import PlatformSettings
 from core.channel import Delivery, Frame, Outcome
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,16 @@ class RenderSettings:
     """Shortest time between two calls that change the reply (the platform's edit rate)."""
     final_edit_seconds: float = FINAL_EDIT_SECONDS
     """How long `finish` keeps trying to show the final text through rate limits."""
+
+    @classmethod
+    def of(cls, settings: PlatformSettings) -> "RenderSettings":
+        """A platform's settings, as its replies use them."""
+        return cls(
+            settings.show_thinking,
+            settings.show_tools,
+            min_interval=settings.edit_interval,
+            final_edit_seconds=settings.final_edit_seconds,
+        )
 
 
 @dataclass

@@ -3,52 +3,73 @@
 The configuration loader reads `[channels.<name>]` straight into these dataclasses, so every
 setting has one definition; keeping them apart from the adapters means loading the config (and
 starting a terminal-only bot) never pays for importing python-telegram-bot and friends.
+
+What channels share is defined once, in the base a channel's class inherits (the loader reads an
+inherited field like any other, and fills in the base's type parameter):
+- `ChannelSettings`, every channel: whether it is on, and what a reply shows while it streams.
+- `PlatformSettings[Id]`, the chat platforms: who may talk to the bot, and how fast a reply's
+  message is edited. `Id` is how the platform writes its ids: numbers on Telegram and Discord,
+  strings (`U0123ABCD`) on Slack.
+- `ServerSettings[Id]`, the platforms where the bot sits in channels among other bots (Slack,
+  Discord): which channels it answers in, and whether it answers bots.
 """
 
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+Id = TypeVar("Id", int, str)
 
 
 @dataclass(frozen=True)
-class TerminalSettings:
+class ChannelSettings:
     enabled: bool = True
-    session: str = "local"
     show_thinking: bool = True
+    """Show "thinking…" (the terminal: the thinking itself) while the model thinks."""
     show_tools: bool = True
+    """Show a line for each tool the model uses."""
+
+
+@dataclass(frozen=True)
+class PlatformSettings(ChannelSettings, Generic[Id]):
+    allowed_users: list[Id] = field(default_factory=list)
+    anyone: bool = False
+    """Anyone may talk to the bot (`allowed_users` is then ignored)."""
+    edit_interval: float = 1.0
+    """Seconds between two edits of a streaming reply (the platform's edit rate)."""
+    final_edit_seconds: float = 300.0
+    """How long a reply's last edit keeps trying through rate limits."""
+
+
+@dataclass(frozen=True)
+class ServerSettings(PlatformSettings[Id]):
+    allowed_channels: list[Id] = field(default_factory=list)
+    """Channels the bot answers in; empty means every one. DMs follow `allowed_users` alone."""
+    answer_bots: bool = False
+    """Answer messages other bots post (never the bot's own)."""
+
+
+@dataclass(frozen=True)
+class TerminalSettings(ChannelSettings):
+    session: str = "local"
     frame_interval: float = 0.05
 
 
 @dataclass(frozen=True)
-class TelegramSettings:
-    enabled: bool = True
+class TelegramSettings(PlatformSettings[int]):
     token_env: str = "KAIWA_TELEGRAM_TOKEN"
-    allowed_users: list[int] = field(default_factory=list)
-    anyone: bool = False
     groups: bool = False
-    show_thinking: bool = True
-    show_tools: bool = True
-    edit_interval: float = 1.0
-    final_edit_seconds: float = 300.0
     poll_timeout: int = 30
     base_url: str = "https://api.telegram.org/bot"
     base_file_url: str = "https://api.telegram.org/file/bot"
 
 
 @dataclass(frozen=True)
-class SlackSettings:
-    enabled: bool = True
+class SlackSettings(ServerSettings[str]):
     mode: str = "socket"
     bot_token_env: str = "KAIWA_SLACK_BOT_TOKEN"
     app_token_env: str = "KAIWA_SLACK_APP_TOKEN"
     signing_secret_env: str = "KAIWA_SLACK_SIGNING_SECRET"
-    allowed_users: list[str] = field(default_factory=list)
-    allowed_channels: list[str] = field(default_factory=list)
-    anyone: bool = False
-    answer_bots: bool = False
     working_reaction: str = "hourglass_flowing_sand"
-    show_thinking: bool = True
-    show_tools: bool = True
-    edit_interval: float = 1.0
-    final_edit_seconds: float = 300.0
     http_host: str = "127.0.0.1"
     http_port: int = 3000
     http_path: str = "/slack/events"
@@ -56,20 +77,11 @@ class SlackSettings:
 
 
 @dataclass(frozen=True)
-class DiscordSettings:
-    enabled: bool = True
+class DiscordSettings(ServerSettings[int]):
     token_env: str = "KAIWA_DISCORD_TOKEN"
-    allowed_users: list[int] = field(default_factory=list)
     allowed_roles: list[int] = field(default_factory=list)
-    allowed_channels: list[int] = field(default_factory=list)
     allowed_guilds: list[int] = field(default_factory=list)
-    anyone: bool = False
-    answer_bots: bool = False
     slash_commands: bool = True
     thread_archive_minutes: int = 1440
-    show_thinking: bool = True
-    show_tools: bool = True
-    edit_interval: float = 1.0
-    final_edit_seconds: float = 300.0
     api_base: str = "https://discord.com/api/v10"
     gateway_url: str = "wss://gateway.discord.gg/"

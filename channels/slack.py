@@ -235,12 +235,7 @@ class SlackChannel(ConnectionState):
         self._settings = settings
         self._tokens = tokens
         self.traits = ChannelTraits(frame_interval=settings.edit_interval)
-        self._render = RenderSettings(
-            settings.show_thinking,
-            settings.show_tools,
-            min_interval=settings.edit_interval,
-            final_edit_seconds=settings.final_edit_seconds,
-        )
+        self._render = RenderSettings.of(settings)
         self.web_client = AsyncWebClient(token=tokens.bot, base_url=settings.api_url)
         self._app = AsyncApp(
             client=self.web_client,

@@ -146,12 +146,7 @@ class TelegramChannel(ConnectionState):
         set while polls reach Telegram."""
         super().__init__()
         self._settings = settings
-        self._render = RenderSettings(
-            settings.show_thinking,
-            settings.show_tools,
-            min_interval=settings.edit_interval,
-            final_edit_seconds=settings.final_edit_seconds,
-        )
+        self._render = RenderSettings.of(settings)
         self.traits = ChannelTraits(frame_interval=settings.edit_interval)
         self._updates_request = HTTPXRequest(read_timeout=settings.poll_timeout + 10)
         self._bot = Bot(
