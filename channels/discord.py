@@ -48,7 +48,7 @@ message with no author at all; `received` skips it the same way.)
 (with a fresh client when the old one was closed).
 
 Concurrency: discord.py runs every event handler as a task of its own, so handlers interleave at
-each await. A slash command's or click's answer is routed by a context variable that is set only
+each await. A slash command's or click's answer is routed to its user by `channels.presses`, only
 while that interaction's own command runs in the dispatcher, so a notice for another message in
 the same thread cannot take it (test_a_private_answer_and_a_public_one_in_one_thread_do_not_swap).
 `close` lets the handlers still at work finish before it closes the HTTP session, so a command
@@ -58,7 +58,7 @@ gateway still reconnecting is then cut short at once.
 
 import asyncio
 import contextlib
-import contextvars
+import functools
 import logging
 import re
 import warnings
@@ -73,6 +73,7 @@ import yarl
 from channels.connection import ConnectionState, unreachable
 from channels.formatting import split_message
 from channels.places import DiscordPlace
+from channels.presses import Press, answered_privately, pressing
 from channels.rendering import (
     LostMessage,
     PlatformError,
@@ -259,27 +260,14 @@ def _contained(
     return parse_or_report
 
 
-_answering: contextvars.ContextVar["_Interaction | None"] = contextvars.ContextVar(
-    "discord interaction being answered", default=None
-)
-
-
-@dataclass
-class _Interaction:
-    """A slash command or button click while its command runs: the command's answer in
-    `place` goes to the person privately, as the interaction's response."""
-
-    interaction: discord.Interaction
-    place: str
-    answered: bool = False
-
-    async def answer(self, text: str) -> None:
-        pieces = split_message(text, MESSAGE_LIMIT, len)
-        if self.interaction.type is discord.InteractionType.application_command:
-            await self.interaction.edit_original_response(content=pieces.pop(0))
-        for piece in pieces:
-            await self.interaction.followup.send(piece, ephemeral=True)
-        self.answered = True
+async def _answer_privately(interaction: discord.Interaction, text: str) -> None:
+    """A command's answer to the person who used a slash command (its deferred response) or
+    clicked a button (a private follow-up)."""
+    pieces = split_message(text, MESSAGE_LIMIT, len)
+    if interaction.type is discord.InteractionType.application_command:
+        await interaction.edit_original_response(content=pieces.pop(0))
+    for piece in pieces:
+        await interaction.followup.send(piece, ephemeral=True)
 
 
 @dataclass
@@ -405,9 +393,7 @@ class DiscordChannel(ConnectionState):
         return StreamingReply(self._transport(place), self._render, place, posted)
 
     async def notify(self, place: str, text: str) -> None:
-        pending = _answering.get()
-        if pending is not None and pending.place == place and not pending.answered:
-            await pending.answer(text)
+        if await answered_privately(place, text):
             return
         mention = self._mentions.get(DiscordPlace.of(place).channel)
         if mention is not None and mention.opening is None:
@@ -578,15 +564,15 @@ class DiscordChannel(ConnectionState):
     async def _deliver_interaction(self, interaction: discord.Interaction, text: str) -> None:
         """Deliver a slash command or click as a typed command; its answer (or, if there is none,
         nothing: the "thinking…" goes away) is the interaction's response."""
-        pending = _Interaction(interaction, _place_of(interaction) or "")
+        answer = functools.partial(_answer_privately, interaction)
+        press = Press(_place_of(interaction) or "", answer)
         origin = _origin(interaction.user, interaction.channel, interaction.guild_id)
-        token = _answering.set(pending)
-        try:
-            if self._receiving and self._deliver and pending.place:
+        with pressing(press):
+            if self._receiving and self._deliver and press.place:
                 await self._deliver(
                     ChannelMessage(
                         platform=PLATFORM,
-                        place=pending.place,
+                        place=press.place,
                         message_id=f"interaction:{interaction.id}",
                         author_id=str(interaction.user.id),
                         author_name=interaction.user.display_name,
@@ -596,9 +582,7 @@ class DiscordChannel(ConnectionState):
                         author_roles=origin.roles,
                     )
                 )
-        finally:
-            _answering.reset(token)
-        if not pending.answered and interaction.type is discord.InteractionType.application_command:
+        if not press.answered and interaction.type is discord.InteractionType.application_command:
             with contextlib.suppress(discord.HTTPException):
                 await interaction.delete_original_response()
 
