@@ -9,9 +9,12 @@ did is recorded as ``calls`` and, per chat, as ``sent`` messages with the text a
 The server keeps Telegram's rules that bots trip over: ``getUpdates`` long polls and only
 forgets updates once a later call's ``offset`` confirms them; message text is limited to 4096
 UTF-16 code units of visible text; HTML is validated (``render``) with Telegram's error
-prefixes; an edit to the same content is refused. ``fail_next`` scripts error answers, such as
-a 429 flood wait (a test may ask for fractions of a second, where Telegram says whole ones),
-and ``answer_without`` answers a method without a field (a message without its
+prefixes; an edit to the same content is refused. A message may carry an inline keyboard
+(``reply_markup``), and an edit without one takes it away, as on Telegram; ``press_button``
+is a person pressing a button (a ``callback_query`` update), and each query may be answered
+once (``answerCallbackQuery``, recorded in ``callback_answers``). ``fail_next`` scripts error
+answers, such as a 429 flood wait (a test may ask for fractions of a second, where Telegram says
+whole ones), and ``answer_without`` answers a method without a field (a message without its
 ``message_id``). ``holds`` keeps answers waiting on a condition and counts requests in flight
 and requests abandoned by the client. ``wait_until`` re-checks a condition on every call and
 update, so tests wait on what the bot did instead of sleeping; ``close()`` answers parked long
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import re
 import time
@@ -37,6 +41,9 @@ from tests.fakes.holds import Holds
 
 BOT_TOKEN = "123456:TEST-token"
 MAX_TEXT_UNITS = 4096
+MAX_CALLBACK_ANSWER_CHARS = 200
+MAX_CALLBACK_DATA_BYTES = 64
+QUERY_GONE = "Bad Request: query is too old and response timeout expired or query ID is invalid"
 MAX_POLL_SECONDS = 30.0
 FIRST_UPDATE_ID = 100_000
 DEFAULT_GROUP_USER_ID = 4242
@@ -75,6 +82,8 @@ _STRING_PARAMS = frozenset(
         "inline_message_id",
         "business_connection_id",
         "message_effect_id",
+        "callback_query_id",
+        "url",
     }
 )
 
@@ -108,6 +117,20 @@ class SentMessage:
     entities: tuple[_Json, ...] = ()
     reply_to: int | None = None
     reply_markup: _Json | None = None
+
+    @property
+    def buttons(self) -> list[str]:
+        """The ``callback_data`` of each inline keyboard button, row by row ([] without one)."""
+        rows = (self.reply_markup or {}).get("inline_keyboard", [])
+        return [button.get("callback_data", "") for row in rows for button in row]
+
+
+@dataclass(frozen=True)
+class CallbackAnswer:
+    """An ``answerCallbackQuery``: what the person who pressed the button was shown."""
+
+    text: str | None
+    show_alert: bool
 
 
 @dataclass(frozen=True)
@@ -377,6 +400,25 @@ async def _read_params(request: web.Request) -> dict[str, Any]:
     return params
 
 
+def _inline_keyboard(params: Mapping[str, Any]) -> _Json | None:
+    """``reply_markup`` as an inline keyboard (None without one), checked as Telegram does."""
+    markup = params.get("reply_markup")
+    if markup is None:
+        return None
+    rows = markup.get("inline_keyboard") if isinstance(markup, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+        raise _bad_request("can't parse inline keyboard markup JSON object")
+    for button in (button for row in rows for button in row):
+        if not isinstance(button, dict) or not button.get("text"):
+            raise _bad_request(
+                'can\'t parse inline keyboard button: Field "text" must be of type String'
+            )
+        data = button.get("callback_data")
+        if data is not None and not 0 < len(str(data).encode()) <= MAX_CALLBACK_DATA_BYTES:
+            raise _bad_request("BUTTON_DATA_INVALID")
+    return markup
+
+
 def _chat_key(value: Any) -> int | str:
     if isinstance(value, bool):
         raise _bad_request("chat not found")
@@ -434,6 +476,10 @@ class FakeTelegram:
         self._user_messages: dict[int | str, dict[int, _Json]] = {}
         self._sent: dict[int | str, dict[int, SentMessage]] = {}
         self._files: dict[str, _StoredFile] = {}
+        self._queries: dict[str, _Json] = {}  # callback queries not answered yet, by id
+        self._query_ids = itertools.count(4_400_000_000_000_001)
+        self.callback_answers: dict[str, CallbackAnswer] = {}
+        """Each answered callback query's answer, by the query's id."""
         self._failures: dict[str, deque[_Failure]] = {}
         self._arrival = asyncio.Event()  # replaced after each push, so waiters see new ones
         self._changes = Changes()  # notified on each call and update
@@ -453,6 +499,7 @@ class FakeTelegram:
             "getmycommands": lambda params: list(self.commands),
             "deletemycommands": self._delete_my_commands,
             "getfile": self._get_file,
+            "answercallbackquery": self._answer_callback_query,
         }
 
     # --- lifecycle ---
@@ -557,6 +604,26 @@ class FakeTelegram:
             "emoji": emoji,
         }
         return self.push_update({"message": message})
+
+    def press_button(
+        self, chat_id: int, message_id: int, data: str, *, user_id: int | None = None
+    ) -> _Json:
+        """A person presses the inline keyboard button with ``data`` on a bot message: queue a
+        ``callback_query`` update and return it. Raises ``KeyError`` when the message, as it
+        stands now, has no such button (Telegram shows none to press)."""
+        sent = self._sent.get(chat_id, {}).get(message_id)
+        if sent is None or data not in sent.buttons:
+            raise KeyError(f"no button {data!r} on message {message_id} in chat {chat_id}")
+        presser = user_id if user_id is not None else chat_id
+        query = {
+            "id": str(next(self._query_ids)),
+            "from": {"id": presser, "is_bot": False, "first_name": f"Person {presser}"},
+            "message": self._message_json(sent),
+            "chat_instance": f"instance-{chat_id}",
+            "data": data,
+        }
+        self._queries[query["id"]] = query
+        return self.push_update({"callback_query": query})
 
     def push_update(self, raw: _Json) -> _Json:
         """Queue any update as Telegram would send it; ``update_id`` is filled in if missing."""
@@ -731,7 +798,7 @@ class FakeTelegram:
         chat_id = _chat_key(params.get("chat_id", ""))
         text, parse_mode, rendered = _checked_text(params)
         reply_to = self._reply_target(chat_id, params.get("reply_parameters"))
-        reply_markup = params.get("reply_markup")
+        reply_markup = _inline_keyboard(params)
         sent = SentMessage(
             chat_id=chat_id,
             message_id=self._take_message_id(chat_id),
@@ -740,7 +807,7 @@ class FakeTelegram:
             visible=rendered.visible,
             entities=rendered.entities,
             reply_to=reply_to,
-            reply_markup=reply_markup if isinstance(reply_markup, dict) else None,
+            reply_markup=reply_markup,
         )
         self._sent.setdefault(chat_id, {})[sent.message_id] = sent
         return self._message_json(sent)
@@ -756,8 +823,7 @@ class FakeTelegram:
             if message_id in self._user_messages.get(chat_id, {}):
                 raise _bad_request("message can't be edited")
             raise _bad_request("message to edit not found")
-        reply_markup = params.get("reply_markup")
-        reply_markup = reply_markup if isinstance(reply_markup, dict) else None
+        reply_markup = _inline_keyboard(params)
         if (rendered.visible, rendered.entities, reply_markup) == (
             current.visible,
             current.entities,
@@ -780,6 +846,18 @@ class FakeTelegram:
         _chat_key(params.get("chat_id", ""))
         if params.get("action") not in CHAT_ACTIONS:
             raise _bad_request("wrong parameter action in request")
+        return True
+
+    def _answer_callback_query(self, params: Mapping[str, Any]) -> bool:
+        query = self._queries.pop(str(params.get("callback_query_id", "")), None)
+        if query is None:
+            raise _ApiError(400, QUERY_GONE)
+        text = params.get("text")
+        if text is not None and len(str(text)) > MAX_CALLBACK_ANSWER_CHARS:
+            self._queries[query["id"]] = query  # refused: it may still be answered
+            raise _bad_request("MESSAGE_TOO_LONG")
+        answer = CallbackAnswer(None if text is None else str(text), bool(params.get("show_alert")))
+        self.callback_answers[query["id"]] = answer
         return True
 
     def _set_my_commands(self, params: Mapping[str, Any]) -> bool:

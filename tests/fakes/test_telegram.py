@@ -31,6 +31,8 @@ import pytest
 from telegram import (
     Bot,
     BotCommand,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
     LinkPreviewOptions,
     MessageEntity,
     ReplyParameters,
@@ -45,6 +47,7 @@ from .telegram import (
     BOT_TOKEN,
     FIRST_UPDATE_ID,
     NOT_MODIFIED,
+    CallbackAnswer,
     EntityParseError,
     FakeTelegram,
     render,
@@ -201,6 +204,68 @@ async def test_send_and_edit_keep_raw_visible_and_edit_history(
     assert (await within(client.send_message(CHAT, "next"))).message_id == 2
     assert [m.visible for m in fake.sent(CHAT)] == ["Bye", "next"]
     assert fake.sent(12345) == []
+
+
+def keyboard(*data: str) -> InlineKeyboardMarkup:
+    return InlineKeyboardMarkup(
+        [[InlineKeyboardButton(f"Button {d}", callback_data=d)] for d in data]
+    )
+
+
+async def test_an_inline_keyboard_stays_until_an_edit_leaves_it_out(
+    fake: FakeTelegram, client: Bot
+) -> None:
+    """As on Telegram: an edit without ``reply_markup`` takes the keyboard away, and that alone
+    is a change (no "message is not modified")."""
+    sent = await within(client.send_message(CHAT, "working", reply_markup=keyboard("stop")))
+    assert sent.reply_markup == keyboard("stop")
+    assert fake.sent(CHAT)[0].buttons == ["stop"]
+
+    await within(
+        client.edit_message_text(
+            "working on", chat_id=CHAT, message_id=sent.message_id, reply_markup=keyboard("stop")
+        )
+    )
+    assert fake.sent(CHAT)[0].buttons == ["stop"]
+    await within(client.edit_message_text("working on", chat_id=CHAT, message_id=sent.message_id))
+    assert fake.sent(CHAT)[0].buttons == []
+    assert fake.sent(CHAT)[0].edits == ["working on", "working on"]
+
+
+async def test_a_keyboard_telegram_would_refuse_is_refused(client: Bot) -> None:
+    with pytest.raises(BadRequest, match="Button_data_invalid"):
+        await within(client.send_message(CHAT, "too much", reply_markup=keyboard("x" * 65)))
+
+
+async def test_a_pressed_button_is_a_callback_query_answered_once(
+    fake: FakeTelegram, client: Bot
+) -> None:
+    sent = await within(client.send_message(CHAT, "working", reply_markup=keyboard("stop")))
+    fake.press_button(CHAT, sent.message_id, "stop", user_id=4242)
+
+    (update,) = await within(client.get_updates(timeout=0))
+    query = update.callback_query
+    assert query is not None and query.data == "stop" and query.from_user.id == 4242
+    assert query.message is not None and query.message.message_id == sent.message_id
+    assert query.message.chat.id == CHAT
+
+    with pytest.raises(BadRequest, match="Message_too_long"):
+        await within(client.answer_callback_query(query.id, text="x" * 201))
+    assert await within(client.answer_callback_query(query.id, text="Stopped."))
+    assert fake.callback_answers == {query.id: CallbackAnswer("Stopped.", show_alert=False)}
+    with pytest.raises(BadRequest, match="Query is too old"):
+        await within(client.answer_callback_query(query.id))
+
+
+async def test_only_a_button_the_message_shows_can_be_pressed(
+    fake: FakeTelegram, client: Bot
+) -> None:
+    sent = await within(client.send_message(CHAT, "working", reply_markup=keyboard("stop")))
+    await within(client.edit_message_text("done", chat_id=CHAT, message_id=sent.message_id))
+    with pytest.raises(KeyError, match="no button 'stop'"):
+        fake.press_button(CHAT, sent.message_id, "stop")
+    with pytest.raises(KeyError):
+        fake.press_button(CHAT, 99, "stop")
 
 
 async def test_message_ids_count_per_chat_across_people_and_bot(
