@@ -20,9 +20,16 @@ answered twice.
 
 Replies are written by `channels.rendering.StreamingReply` through `TelegramTransport`: Markdown
 becomes Telegram HTML, and if Telegram still rejects the entities the same text goes out plain,
-so nothing is lost to a formatting quirk. Telegram's errors are mapped here and nowhere else:
-429 → `RateLimited`, "message is not modified" → nothing to do, any other refusal or network
-failure → `PlatformError`, an answer without the message → `LostMessage`.
+so nothing is lost to a formatting quirk. While a reply streams, its message carries a Stop
+button (an inline keyboard); the final edit leaves the keyboard out, which takes it away. A press
+arrives as a `callback_query` update (the polls ask for those too) and is delivered as `/stop`
+from the person who pressed it, so the access rules apply as to a typed command; the command's
+answer ("Stopped.", or a stranger's refusal) is the callback's answer, shown to the presser alone
+(`channels.presses`), and every press is answered, so the button never keeps spinning.
+
+Telegram's errors are mapped here and nowhere else: 429 → `RateLimited`, "message is not
+modified" → nothing to do, any other refusal or network failure → `PlatformError`, an answer
+without the message → `LostMessage`.
 
 Stopping never cancels a request in flight (a cancelled httpx request can keep its pooled
 connection taken for good): the long poll is awaited through a shield, so `stop_receiving`
@@ -33,6 +40,7 @@ cannot be reached; `run` can be called again after it raised.
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -41,14 +49,25 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from telegram import Bot, BotCommand, Message, MessageEntity, ReplyParameters, Update
-from telegram.constants import ChatAction, ChatType, ParseMode
+from telegram import (
+    Bot,
+    BotCommand,
+    CallbackQuery,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    Message,
+    MessageEntity,
+    ReplyParameters,
+    Update,
+)
+from telegram.constants import CallbackQueryLimit, ChatAction, ChatType, ParseMode
 from telegram.error import BadRequest, InvalidToken, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
 from channels.connection import ConnectionState, unreachable
 from channels.formatting import telegram_html, utf16_len
 from channels.places import TelegramPlace
+from channels.presses import Press, answered_privately, pressing
 from channels.rendering import (
     LostMessage,
     PlatformError,
@@ -75,13 +94,17 @@ MESSAGE_LIMIT = 4096
 CONNECTION_POOL_SIZE = 256  # python-telegram-bot's Application default, for many chats at once
 POLL_PAUSE_SECONDS, MAX_POLL_PAUSE_SECONDS = 1.0, 30.0
 CONFIRM_SECONDS = 5.0  # the wait for Telegram's answer to the confirming call at a stop
+STOP_DATA = "kaiwa:stop"
+STOP_KEYBOARD = InlineKeyboardMarkup([[InlineKeyboardButton("Stop", callback_data=STOP_DATA)]])
+PRESS_ANSWER_LIMIT = CallbackQueryLimit.ANSWER_CALLBACK_QUERY_TEXT_LENGTH
+UPDATES = [Update.MESSAGE, Update.CALLBACK_QUERY]
 
 
 class TelegramTransport:
     """One Telegram chat as `channels.rendering` sees it."""
 
     limit = MESSAGE_LIMIT
-    controls = False  # no Stop control: `live` changes nothing
+    controls = True
     measure = staticmethod(utf16_len)
 
     def __init__(self, bot: Bot, chat_id: int, reply_to: int | None) -> None:
@@ -98,12 +121,15 @@ class TelegramTransport:
                     telegram_html(text),
                     parse_mode=ParseMode.HTML,
                     reply_parameters=reply if self._reply_to else None,
+                    reply_markup=_controls(live),
                 )
             except BadRequest as exc:
                 if not _is_parse_error(exc):
                     raise
                 logger.warning("Telegram rejected the formatting (%s); sending plain text", exc)
-                sent = await self._bot.send_message(self._chat_id, text)
+                sent = await self._bot.send_message(
+                    self._chat_id, text, reply_markup=_controls(live)
+                )
         self._reply_to = None  # only the first message of a reply answers the person's message
         return str(sent.message_id)
 
@@ -115,6 +141,7 @@ class TelegramTransport:
                     chat_id=self._chat_id,
                     message_id=int(message_id),
                     parse_mode=ParseMode.HTML,
+                    reply_markup=_controls(live),
                 )
             except BadRequest as exc:
                 if _is_not_modified(exc):
@@ -123,7 +150,10 @@ class TelegramTransport:
                     raise
                 logger.warning("Telegram rejected the formatting (%s); editing as plain text", exc)
                 await self._bot.edit_message_text(
-                    text, chat_id=self._chat_id, message_id=int(message_id)
+                    text,
+                    chat_id=self._chat_id,
+                    message_id=int(message_id),
+                    reply_markup=_controls(live),
                 )
 
     async def typing(self) -> None:
@@ -203,6 +233,8 @@ class TelegramChannel(ConnectionState):
         return StreamingReply(transport, self._render, place, posted)
 
     async def notify(self, place: str, text: str) -> None:
+        if await answered_privately(place, text):
+            return
         transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, None)
         await send_notice(transport, text, self._settings.final_edit_seconds)
 
@@ -302,7 +334,7 @@ class TelegramChannel(ConnectionState):
         """`getUpdates`, unparsed (the library's own method parses the whole batch at once, so
         one update it cannot parse would fail them all). `read_timeout`: the library's wait for
         the answer, if not the long poll's."""
-        query = {"offset": self._offset, **parameters, "allowed_updates": [Update.MESSAGE]}
+        query = {"offset": self._offset, **parameters, "allowed_updates": UPDATES}
         encoded = urlencode({k: json.dumps(v) for k, v in query.items() if v is not None})
         url = f"{self._settings.base_url}{self._bot.token}/getUpdates?{encoded}"
         if read_timeout is None:
@@ -335,6 +367,9 @@ class TelegramChannel(ConnectionState):
 
     async def _deliver_update(self, raw: dict[str, Any]) -> None:
         update = Update.de_json(raw, self._bot)
+        if update is not None and update.callback_query is not None:
+            await self._pressed(update.callback_query)
+            return
         message = update.effective_message if update is not None else None
         if message is None or message.from_user is None or self._deliver is None:
             return
@@ -353,6 +388,47 @@ class TelegramChannel(ConnectionState):
                 redeliverable=True,
             )
         )
+
+    async def _pressed(self, query: CallbackQuery) -> None:
+        """A button pressed on a bot message: Stop is `/stop` in that chat from the presser.
+        The press is answered whatever happens, with the command's answer if there is one."""
+        pressed_in = query.message.chat.id if query.message is not None else None
+        place = TelegramPlace(pressed_in).key if pressed_in is not None else ""
+        press = Press(place, functools.partial(self._answer_press, query, place))
+        try:
+            if query.data == STOP_DATA and place and self._deliver is not None:
+                with pressing(press):
+                    await self._deliver(
+                        ChannelMessage(
+                            platform=PLATFORM,
+                            place=place,
+                            message_id=f"press:{query.id}",
+                            author_id=str(query.from_user.id),
+                            author_name=query.from_user.full_name,
+                            text="/stop",
+                        )
+                    )
+        finally:
+            if not press.answered:
+                await self._answer_quietly(query)
+
+    async def _answer_press(self, query: CallbackQuery, place: str, text: str) -> None:
+        """Show `text` to the person who pressed: as the callback's answer if it fits in one,
+        else in the chat (and the callback answered without text)."""
+        fits = len(text) <= PRESS_ANSWER_LIMIT
+        with _mapped_errors("answerCallbackQuery"):
+            await self._bot.answer_callback_query(query.id, text=text if fits else None)
+        if not fits:
+            transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, None)
+            await send_notice(transport, text, self._settings.final_edit_seconds)
+
+    async def _answer_quietly(self, query: CallbackQuery) -> None:
+        """End a press's spinner; one Telegram will not take (too old) is only logged."""
+        try:
+            with _mapped_errors("answerCallbackQuery"):
+                await self._bot.answer_callback_query(query.id)
+        except PlatformError as exc:
+            logger.info("Telegram: a button press was not answered: %s", exc)
 
     def _addressed_text(self, message: Message) -> str | None:
         """The text meant for the bot, or None when the message is not for it."""
@@ -392,10 +468,16 @@ def _mapped_errors(method: str) -> Iterator[None]:
 
 
 def _chat_of(raw: dict[str, Any]) -> object:
-    """The chat an unparsed update belongs to (its own id when it has none we can read)."""
-    message = raw.get("message")
+    """The chat an unparsed update (a message, or a press on one) belongs to; its own id when
+    it has none we can read."""
+    query = raw.get("callback_query")
+    message = query.get("message") if isinstance(query, dict) else raw.get("message")
     chat = message.get("chat") if isinstance(message, dict) else None
     return chat.get("id", raw["update_id"]) if isinstance(chat, dict) else raw["update_id"]
+
+
+def _controls(live: bool) -> InlineKeyboardMarkup | None:
+    return STOP_KEYBOARD if live else None
 
 
 def _seconds(exc: RetryAfter) -> float:

@@ -1,8 +1,9 @@
 """Each platform as the conformance suite sees it: a real adapter on its real client library,
 talking to the platform's fake on 127.0.0.1, wired to the whole turn path and the fake Ollama.
 
-A platform harness knows how a person speaks on that platform, how to read what the bot shows
-there, and how to make the platform misbehave (rate limits, refusals, answers without ids, a
+A platform harness knows how a person speaks on that platform (typing, or pressing the Stop
+button of a streaming reply), how to read what the bot shows there (to everyone, and to one
+person alone), and how to make the platform misbehave (rate limits, refusals, answers without ids, a
 "typing…" request kept in flight); the suite in test_conformance.py asks for the same behaviours
 of every platform. A new platform adds a class here and joins the `platform` fixture's
 parameters.
@@ -15,10 +16,10 @@ from typing import Any, Protocol
 
 import pytest
 
-from channels.discord import DiscordChannel
+from channels.discord import STOP_BUTTON_ID, DiscordChannel
 from channels.settings import DiscordSettings, SlackSettings, TelegramSettings
 from channels.slack import SlackChannel, SlackTokens
-from channels.telegram import TelegramChannel
+from channels.telegram import STOP_DATA, TelegramChannel
 from core.channel import Channel, Reply
 from core.dispatcher import Allowed
 from core.store import Store
@@ -26,6 +27,7 @@ from tests.fakes.discord import BOT_TOKEN as DISCORD_BOT_TOKEN
 from tests.fakes.discord import USER_ID as DISCORD_USER_ID
 from tests.fakes.discord import Call as DiscordCall
 from tests.fakes.discord import FakeDiscord
+from tests.fakes.discord import Sent as DiscordSent
 from tests.fakes.slack import APP_TOKEN as SLACK_APP_TOKEN
 from tests.fakes.slack import BOT_TOKEN as SLACK_BOT_TOKEN
 from tests.fakes.slack import TEAM as SLACK_TEAM
@@ -63,7 +65,20 @@ class Platform(Protocol):
         ...
 
     def shown(self, chat: int) -> list[str]:
-        """What a person sees from the bot in `chat`, one entry per message, oldest first."""
+        """What a person sees from the bot in `chat`, one entry per message, oldest first (what
+        the bot shows one person alone aside)."""
+        ...
+
+    def has_stop_button(self, chat: int) -> bool:
+        """Whether a bot message in `chat` carries a Stop button now."""
+        ...
+
+    def press_stop(self, chat: int, *, user: int | None = None) -> None:
+        """A person (the chat's own unless `user`) presses the Stop button in `chat`."""
+        ...
+
+    def told_privately(self, chat: int) -> list[str]:
+        """What the bot showed in `chat` to one person alone (the answers to presses)."""
         ...
 
     def edit_times(self, chat: int) -> list[float]: ...
@@ -167,6 +182,11 @@ class TelegramPlatform(OnAFake):
     typing = "sendchataction"
     fake: FakeTelegram
 
+    def __init__(self, fake: FakeTelegram, bot: Bot) -> None:
+        super().__init__(fake, bot)
+        self._presses: dict[int, list[str]] = {}
+        """The callback queries of the Stop presses in each chat."""
+
     def place(self, chat: int) -> str:
         return f"telegram:{chat}"
 
@@ -211,6 +231,18 @@ class TelegramPlatform(OnAFake):
     def fences_intact(self, chat: int) -> bool:
         formatted = [m for m in self.fake.sent(chat) if "```" in m.visible]
         return not formatted and all(m.parse_mode == "HTML" for m in self.fake.sent(chat))
+
+    def has_stop_button(self, chat: int) -> bool:
+        return any(STOP_DATA in message.buttons for message in self.fake.sent(chat))
+
+    def press_stop(self, chat: int, *, user: int | None = None) -> None:
+        live = next(m for m in self.fake.sent(chat) if STOP_DATA in m.buttons)
+        pressed = self.fake.press_button(chat, live.message_id, STOP_DATA, user_id=user or chat)
+        self._presses.setdefault(chat, []).append(pressed["callback_query"]["id"])
+
+    def told_privately(self, chat: int) -> list[str]:
+        answers = [self.fake.callback_answers.get(query) for query in self._presses.get(chat, [])]
+        return [answer.text for answer in answers if answer is not None and answer.text]
 
 
 @contextlib.asynccontextmanager
@@ -353,8 +385,21 @@ class DiscordPlatform(OnAFake):
         return self.bot.channel.open_reply(self.place(chat), None)
 
     def shown(self, chat: int) -> list[str]:
+        return [sent.content for sent in self._messages(chat) if not sent.ephemeral]
+
+    def told_privately(self, chat: int) -> list[str]:
+        return [sent.content for sent in self._messages(chat) if sent.ephemeral]
+
+    def has_stop_button(self, chat: int) -> bool:
+        return any(has_stop_button(sent) for sent in self._messages(chat))
+
+    def press_stop(self, chat: int, *, user: int | None = None) -> None:
+        live = next(sent for sent in self._messages(chat) if has_stop_button(sent))
+        self.fake.button_click(live.id, STOP_BUTTON_ID, user_id=user or chat)
+
+    def _messages(self, chat: int) -> list[DiscordSent]:
         channel = self.fake.dm_channel(chat)
-        return [] if channel is None else [sent.content for sent in self.fake.messages(channel)]
+        return [] if channel is None else self.fake.messages(channel)
 
     def edit_times(self, chat: int) -> list[float]:
         return [call.at for call in self._edits(chat) if call.status == 200]
@@ -378,6 +423,12 @@ class DiscordPlatform(OnAFake):
     def posts_near(self, params: Mapping[str, Any]) -> Callable[[], int]:
         channel = int(params["channel"])
         return lambda: len(self.fake.messages(channel))
+
+
+def has_stop_button(sent: DiscordSent) -> bool:
+    """Whether a Discord message carries the Stop button (and nothing else)."""
+    buttons = [c for row in sent.components for c in row.get("components", [])]
+    return [button.get("custom_id") for button in buttons] == [STOP_BUTTON_ID]
 
 
 @contextlib.asynccontextmanager

@@ -16,8 +16,13 @@ from channels.settings import DiscordSettings
 from core.channel import ChannelMessage, Frame
 from core.dispatcher import Allowed
 from core.errors import ChannelError
-from tests.channels.platforms import DiscordPlatform, discord_platform, running
-from tests.fakes.discord import BOT_TOKEN, CHANNEL_ID, GUILD_ID, USER_ID, FakeDiscord, Sent
+from tests.channels.platforms import (
+    DiscordPlatform,
+    discord_platform,
+    has_stop_button,
+    running,
+)
+from tests.fakes.discord import BOT_TOKEN, CHANNEL_ID, GUILD_ID, USER_ID, FakeDiscord
 from tests.fakes.ollama import Pause, Text
 from tests.harness import BotFactory
 
@@ -35,11 +40,6 @@ def said(fake: FakeDiscord, channel: int) -> list[str]:
 
 def private(fake: FakeDiscord, channel: int) -> list[str]:
     return [sent.content for sent in fake.messages(channel) if sent.ephemeral]
-
-
-def has_stop_button(sent: Sent) -> bool:
-    buttons = [c for row in sent.components for c in row.get("components", [])]
-    return [button.get("custom_id") for button in buttons] == [STOP_BUTTON_ID]
 
 
 def open_thread(discord: DiscordPlatform, text: str, **options: Any) -> int:

@@ -7,13 +7,15 @@ from typing import Any
 
 import pytest
 
+from channels.places import TelegramPlace
 from channels.rendering import PlatformError
 from channels.settings import TelegramSettings
-from channels.telegram import TelegramChannel
+from channels.telegram import STOP_DATA, TelegramChannel
+from core.channel import ChannelMessage, Frame, Outcome
 from core.commands import COMMANDS
 from core.errors import ChannelError
 from core.store import Store
-from tests.channels.platforms import ALLOWED, ANN, BOB, running, telegram_platform
+from tests.channels.platforms import ALLOWED, ANN, BOB, MALLORY, running, telegram_platform
 from tests.databases import IMPATIENT, Outage, open_store
 from tests.fakes.ollama import Pause, Text
 from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
@@ -198,6 +200,66 @@ async def test_in_enabled_groups_only_mentions_and_replies_are_answered(
         await telegram.wait_until(lambda: len(telegram.shown(GROUP)) == 2, "the second answer")
     asked = [request["messages"][-1]["content"] for request in ollama.requests]
     assert asked == ["what time is it", "and tomorrow?"]
+
+
+async def test_in_a_group_anyone_allowed_may_press_stop_and_a_stranger_is_told_alone(
+    make_bot: BotFactory,
+) -> None:
+    """A group's Stop button is in front of everyone: a stranger's press is refused, to them
+    alone, and stops nothing; Bob (allowed, though Ann asked) stops the reply."""
+    mention = "@kaiwa_test_bot"
+    async with telegram_platform(make_bot, groups=True) as telegram:
+        fake, ollama = telegram.fake, telegram.bot.ollama
+        ollama.script(Text("A long answer"), Pause("long"), Text(" that goes on"))
+        fake.user_message(
+            GROUP,
+            f"{mention} explain everything",
+            user_id=ANN,
+            chat_type="group",
+            entities=[{"type": "mention", "offset": 0, "length": len(mention)}],
+        )
+        await telegram.wait_until(lambda: telegram.shown(GROUP) == ["A long answer"], "stream")
+        assert telegram.has_stop_button(GROUP)
+
+        telegram.press_stop(GROUP, user=MALLORY)
+        await telegram.wait_until(lambda: telegram.told_privately(GROUP), "the refusal")
+        (refusal,) = telegram.told_privately(GROUP)
+        assert "not allowed" in refusal and str(MALLORY) in refusal
+        assert telegram.shown(GROUP) == ["A long answer"] and telegram.has_stop_button(GROUP)
+
+        telegram.press_stop(GROUP, user=BOB)
+        await telegram.wait_until(lambda: "Stopped." in telegram.told_privately(GROUP), "stop")
+    assert telegram.shown(GROUP) == ["A long answer (stopped)"]
+    assert not telegram.has_stop_button(GROUP)
+    assert (await telegram.bot.turns(telegram.place(GROUP)))[-1].status == "stopped"
+
+
+async def test_an_answer_too_long_for_a_press_goes_to_the_chat() -> None:
+    """Telegram shows at most 200 characters as a press's answer: a longer one is sent in the
+    chat instead, and the press is still answered."""
+    notice = "A notice much longer than Telegram lets a button's answer be. " * 4
+    place = TelegramPlace(ANN).key
+
+    async with FakeTelegram() as fake:
+        channel = channel_on(fake, poll_timeout=1)
+
+        async def deliver(message: ChannelMessage) -> None:
+            await channel.notify(message.place, notice)
+
+        reading = asyncio.create_task(channel.run(deliver))
+        await fake.wait_until(lambda: fake.calls_to("getUpdates"), what="a poll")
+        reply = channel.open_reply(place, None)
+        await reply.update(Frame("Working"))
+        (live,) = fake.sent(ANN)
+        fake.press_button(ANN, live.message_id, STOP_DATA)
+        await fake.wait_until(lambda: len(fake.sent(ANN)) == 2, what="the notice")
+        await fake.wait_until(lambda: fake.callback_answers, what="the press answered")
+        await reply.finish("Working", Outcome.STOPPED, None)
+        await channel.stop_receiving()
+        await asyncio.wait_for(reading, 5)
+        await channel.close()
+    assert fake.sent(ANN)[1].visible == notice
+    assert [answer.text for answer in fake.callback_answers.values()] == [None]
 
 
 async def test_a_photo_with_a_caption_reaches_a_vision_model(make_bot: BotFactory) -> None:
