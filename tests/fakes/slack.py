@@ -22,14 +22,18 @@ exactly what production code sees. It is one ``aiohttp.web`` app on 127.0.0.1:
   bot's endpoint; setting ``events_url`` sends every envelope's payload there instead of over
   the socket, so the same test can drive either mode.
 
-People are simulated with ``mention``/``message``/``dm``/``bot_message``/``slash_command``, which
-make envelopes synchronously and return what a test needs next (a ``ts`` or envelope id); one
-writer task puts them on the wire in order. The bot's own messages come back as ``message``
-events (with ``bot_id``) and its edits as ``message_changed`` events, as on Slack when the app
-subscribes to message events (``echo_bot_messages=False`` turns that off). What the bot did is
-recorded as ``calls`` and as ``posted`` messages and ``reactions``; ``wait_until`` re-checks a
-condition on every call, envelope, ack and connection, so tests wait on what happened instead
-of sleeping. ``close()`` closes the websockets before stopping the server.
+People are simulated with ``mention``/``message``/``dm``/``bot_message``/``slash_command``/
+``press_button``, which make envelopes synchronously and return what a test needs next (a ``ts``
+or envelope id); one writer task puts them on the wire in order. A bot message may carry Block
+Kit ``blocks``; as on Slack, a ``chat.update`` without ``blocks`` keeps the message's blocks and
+``blocks=[]`` takes them away, and a button can be pressed only while its message shows it (an
+``interactive`` envelope with a ``block_actions`` payload). ``chat.postEphemeral`` messages are
+kept apart, in ``ephemeral``, as only their one person sees them. The bot's own messages come
+back as ``message`` events (with ``bot_id``) and its edits as ``message_changed`` events, as on
+Slack when the app subscribes to message events (``echo_bot_messages=False`` turns that off).
+What the bot did is recorded as ``calls`` and as ``posted`` messages and ``reactions``;
+``wait_until`` re-checks a condition on every call, envelope, ack and connection, so tests wait
+on what happened instead of sleeping. ``close()`` closes the websockets before stopping the server.
 """
 
 from __future__ import annotations
@@ -102,6 +106,16 @@ class Posted:
 
 
 @dataclass(frozen=True)
+class Ephemeral:
+    """A ``chat.postEphemeral``: a message only ``user`` sees, in a channel or a thread."""
+
+    channel: str
+    user: str
+    text: str
+    thread_ts: str | None = None
+
+
+@dataclass(frozen=True)
 class Ack:
     """An envelope acknowledgement received on the socket, with its payload if any."""
 
@@ -167,6 +181,10 @@ def signature(secret: str, timestamp: str, body: str) -> str:
 def _ts_key(ts: str) -> tuple[int, int]:
     seconds, _, micros = ts.partition(".")
     return int(seconds or 0), int(micros or 0)
+
+
+def _channel_name(channel: str) -> str:
+    return "general" if channel.startswith("C") else "directmessage"
 
 
 def _channel_type(channel: str) -> str:
@@ -262,6 +280,8 @@ class FakeSlack:
         self.acked: set[str] = set()
         self.http_deliveries: list[HttpDelivery] = []
         self.responses: list[ResponseUrlPost] = []
+        self.ephemeral: list[Ephemeral] = []
+        """Every ``chat.postEphemeral``, in order."""
         self.socket_messages: list[_Json] = []  # everything the client sent that was not an ack
         self._envelopes: list[_Json] = []
         self._latest: dict[str, _Json] = {}  # envelope id -> latest version sent
@@ -295,6 +315,7 @@ class FakeSlack:
             "apps.connections.open": ("app", self._connections_open),
             "chat.postMessage": ("bot", self._post_message),
             "chat.update": ("bot", self._update),
+            "chat.postEphemeral": ("bot", self._post_ephemeral),
             "conversations.replies": ("bot", self._replies),
             "reactions.add": ("bot", self._reaction_add),
             "reactions.remove": ("bot", self._reaction_remove),
@@ -433,6 +454,33 @@ class FakeSlack:
                 "type": "slash_commands",
                 "accepts_response_payload": True,
                 "payload": self._command_payload(envelope_id, command, text, channel, user),
+            }
+        )
+        return envelope_id
+
+    def press_button(self, channel: str, ts: str, action_id: str, *, user: str = "U1") -> str:
+        """A person presses the button ``action_id`` on a bot message: an ``interactive``
+        envelope with a ``block_actions`` payload; returns its envelope id. Raises ``KeyError``
+        when the message, as it stands now, shows no such button."""
+        posted = self._posted.get((channel, ts))
+        blocks = (posted.blocks or []) if posted is not None else []
+        found = [
+            (block, element)
+            for block in blocks
+            if block.get("type") == "actions"
+            for element in block.get("elements", [])
+            if element.get("action_id") == action_id
+        ]
+        if posted is None or not found:
+            raise KeyError(f"no button {action_id!r} on message {ts} in {channel}")
+        block, button = found[0]
+        envelope_id = str(uuid.uuid4())
+        self._send(
+            {
+                "envelope_id": envelope_id,
+                "type": "interactive",
+                "accepts_response_payload": False,
+                "payload": self._action_payload(envelope_id, posted, block, button, user),
             }
         )
         return envelope_id
@@ -746,7 +794,7 @@ class FakeSlack:
             if parent is not None and parent.get("user"):
                 message["parent_user_id"] = parent["user"]
         self._remember(channel, message)
-        self._posted[(channel, ts)] = Posted(channel, ts, text, blocks, thread_ts)
+        self._posted[(channel, ts)] = Posted(channel, ts, text, blocks or None, thread_ts)
         if self.echo_bot_messages:
             event = {**message, "channel": channel, "channel_type": _channel_type(channel)}
             self._emit_event({**event, "event_ts": ts})
@@ -766,6 +814,7 @@ class FakeSlack:
             raise _ApiError("no_text")
         if len(text) > MAX_TEXT_CHARS:
             raise _ApiError("msg_too_long")
+        blocks = current.blocks if blocks is None else blocks or None  # omitted: kept; []: gone
         self._posted[(channel, ts)] = replace(
             current, text=text, blocks=blocks, updates=[*current.updates, text]
         )
@@ -792,6 +841,19 @@ class FakeSlack:
                 }
             )
         return {"channel": channel, "ts": ts, "text": text, "message": dict(stored)}
+
+    def _post_ephemeral(self, params: dict[str, Any]) -> _Json:
+        channel, user = _text_param(params, "channel"), _text_param(params, "user")
+        if not channel:
+            raise _ApiError("channel_not_found")
+        if not user:
+            raise _ApiError("user_not_in_channel")
+        text = _text_param(params, "text")
+        if not text.strip() and not _blocks(params):
+            raise _ApiError("no_text")
+        thread_ts = _text_param(params, "thread_ts") or None
+        self.ephemeral.append(Ephemeral(channel, user, text, thread_ts))
+        return {"message_ts": self._new_ts()}
 
     def _replies(self, params: dict[str, Any]) -> _Json:
         channel = _text_param(params, "channel")
@@ -1006,6 +1068,9 @@ class FakeSlack:
         payload = envelope["payload"]
         if envelope["type"] == "slash_commands":
             body, content_type = urlencode(payload), "application/x-www-form-urlencoded"
+        elif envelope["type"] == "interactive":
+            body = urlencode({"payload": json.dumps(payload)})
+            content_type = "application/x-www-form-urlencoded"
         else:
             body, content_type = json.dumps(payload), "application/json"
         try:
@@ -1065,7 +1130,7 @@ class FakeSlack:
             "team_id": TEAM,
             "team_domain": "test",
             "channel_id": channel,
-            "channel_name": "general" if channel.startswith("C") else "directmessage",
+            "channel_name": _channel_name(channel),
             "user_id": user,
             "user_name": f"user-{user.lower()}",
             "command": command,
@@ -1074,6 +1139,45 @@ class FakeSlack:
             "is_enterprise_install": "false",
             "response_url": f"{self.url}/response/{response_id}",
             "trigger_id": f"{number}.{number}.fake-trigger",
+        }
+
+    def _action_payload(
+        self, response_id: str, posted: Posted, block: _Json, button: _Json, user: str
+    ) -> _Json:
+        """A ``block_actions`` payload: ``user`` pressed ``button`` in ``block`` of ``posted``."""
+        number = next(self._event_ids)
+        container: _Json = {
+            "type": "message",
+            "message_ts": posted.ts,
+            "channel_id": posted.channel,
+            "is_ephemeral": False,
+        }
+        if posted.thread_ts:
+            container["thread_ts"] = posted.thread_ts
+        return {
+            "type": "block_actions",
+            "user": {"id": user, "username": f"user-{user.lower()}", "team_id": TEAM},
+            "api_app_id": APP_ID,
+            "token": VERIFICATION_TOKEN,
+            "container": container,
+            "trigger_id": f"{number}.{number}.fake-trigger",
+            "team": {"id": TEAM, "domain": "test"},
+            "enterprise": None,
+            "is_enterprise_install": False,
+            "channel": {"id": posted.channel, "name": _channel_name(posted.channel)},
+            "message": dict(self._messages[posted.channel][posted.ts]),
+            "state": {"values": {}},
+            "response_url": f"{self.url}/response/{response_id}",
+            "actions": [
+                {
+                    "action_id": button["action_id"],
+                    "block_id": block.get("block_id", "fake-block"),
+                    "text": button.get("text"),
+                    "value": button.get("value"),
+                    "type": button.get("type", "button"),
+                    "action_ts": f"{time.time():.6f}",
+                }
+            ],
         }
 
     def _new_ts(self) -> str:

@@ -20,6 +20,11 @@ What the real libraries do against it, as these tests pin down:
   (HTTP) reaches the listener again, and in Socket Mode every event carries the header, "0" on
   the first delivery. bolt skips the bot's own messages (``user`` == auth.test ``user_id`` or
   ``bot_id`` == its ``bot_id``, edits included) but passes other bots' messages through.
+- A button press is an ``interactive`` envelope in Socket Mode and a form POST with the JSON in
+  its ``payload`` field over HTTP; either way bolt hands the ``block_actions`` payload to the
+  ``app.action(action_id)`` listener. ``chat_update`` without ``blocks`` sends none (slack_sdk
+  drops None values), while ``blocks=[]`` is sent as an empty list: the only way to take a
+  message's blocks away.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from .slack import (
     MAX_TEXT_CHARS,
     SIGNING_SECRET,
     TEAM,
+    Ephemeral,
     FakeSlack,
 )
 
@@ -195,6 +201,50 @@ async def test_post_update_and_replies_round_trip(fake: FakeSlack, client: Async
     with pytest.raises(SlackApiError) as caught:
         await within(client.conversations_replies(channel="C1", ts="1.000001"))
     assert caught.value.response["error"] == "thread_not_found"
+
+
+STOP_BLOCKS = [
+    {"type": "section", "text": {"type": "mrkdwn", "text": "working"}},
+    {
+        "type": "actions",
+        "block_id": "controls",
+        "elements": [
+            {
+                "type": "button",
+                "text": {"type": "plain_text", "text": "Stop"},
+                "action_id": "stop",
+                "value": "stop",
+            }
+        ],
+    },
+]
+
+
+async def test_an_update_keeps_the_blocks_unless_it_sends_an_empty_list(
+    fake: FakeSlack, client: AsyncWebClient
+):
+    """As Slack documents for chat.update: blocks left out are kept; ``blocks=[]`` removes them."""
+    sent = await within(client.chat_postMessage(channel="D1", text="working", blocks=STOP_BLOCKS))
+    await within(client.chat_update(channel="D1", ts=sent["ts"], text="still working"))
+    [kept] = fake.posted("D1")
+    assert (kept.text, kept.blocks) == ("still working", STOP_BLOCKS)
+
+    await within(client.chat_update(channel="D1", ts=sent["ts"], text="done", blocks=[]))
+    [done] = fake.posted("D1")
+    assert (done.text, done.blocks) == ("done", None)
+    thread = await within(client.conversations_replies(channel="D1", ts=sent["ts"]))
+    assert "blocks" not in thread["messages"][0]
+
+
+async def test_an_ephemeral_message_is_kept_apart_from_the_posted_ones(
+    fake: FakeSlack, client: AsyncWebClient
+):
+    parent = fake.mention("C1", "hello")
+    await within(
+        client.chat_postEphemeral(channel="C1", user="U7", text="just for you", thread_ts=parent)
+    )
+    assert fake.ephemeral == [Ephemeral("C1", "U7", "just for you", parent)]
+    assert fake.posted("C1", thread_ts=parent) == []
 
 
 async def test_parameters_arrive_as_query_form_or_json(fake: FakeSlack, client: AsyncWebClient):
@@ -613,6 +663,48 @@ async def test_a_slash_command_reaches_bolt_and_its_ack_payload_is_recorded(
     assert fake.responses[0].body["text"] == "done"
 
 
+async def test_a_pressed_button_reaches_bolts_action_listener(
+    fake: FakeSlack, make_bolt: MakeBolt, client: AsyncWebClient
+):
+    app, handler = make_bolt()
+    pressed: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    @app.action("stop")
+    async def stop(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        await ack()
+        await pressed.put({"body": body, "action": action})
+
+    await connect(fake, handler)
+    parent = fake.mention("C1", "hello")
+    sent = await within(
+        client.chat_postMessage(channel="C1", thread_ts=parent, text="working", blocks=STOP_BLOCKS)
+    )
+    envelope_id = fake.press_button("C1", sent["ts"], "stop", user="U7")
+
+    got = await within(pressed.get())
+    body, action = got["body"], got["action"]
+    assert (body["type"], body["user"]["id"], body["team"]["id"]) == ("block_actions", "U7", TEAM)
+    assert (body["channel"]["id"], body["message"]["ts"]) == ("C1", sent["ts"])
+    assert body["message"]["thread_ts"] == body["container"]["thread_ts"] == parent
+    assert (action["action_id"], action["block_id"], action["value"]) == (
+        "stop",
+        "controls",
+        "stop",
+    )
+    await fake.wait_until(lambda: envelope_id in fake.acked)
+
+
+async def test_only_a_button_the_message_shows_can_be_pressed(
+    fake: FakeSlack, client: AsyncWebClient
+):
+    sent = await within(client.chat_postMessage(channel="D1", text="working", blocks=STOP_BLOCKS))
+    await within(client.chat_update(channel="D1", ts=sent["ts"], text="done", blocks=[]))
+    with pytest.raises(KeyError, match="no button 'stop'"):
+        fake.press_button("D1", sent["ts"], "stop")
+    with pytest.raises(KeyError):
+        fake.press_button("D1", "1.000001", "stop")
+
+
 async def test_slack_sdks_own_socket_mode_client(fake: FakeSlack):
     web_client = AsyncWebClient(base_url=fake.api_url)
     socket = SocketModeClient(app_token=APP_TOKEN, web_client=web_client)
@@ -770,6 +862,24 @@ async def test_events_url_sends_every_envelope_over_http(
     fake.redeliver(envelope_id)
     await fake.wait_until(lambda: len(fake.http_deliveries) == 5)
     assert (fake.http_deliveries[-1].status, fake.http_deliveries[-1].retry_num) == (200, 1)
+
+
+async def test_a_button_press_goes_over_http_as_a_form_payload(
+    fake: FakeSlack, http_app: tuple[AsyncApp, str], client: AsyncWebClient
+):
+    app, url = http_app
+    pressed: asyncio.Queue[str] = asyncio.Queue()
+
+    @app.action("stop")
+    async def stop(ack: Any, body: dict[str, Any]) -> None:
+        await ack()
+        await pressed.put(body["user"]["id"])
+
+    fake.events_url = url
+    sent = await within(client.chat_postMessage(channel="D1", text="working", blocks=STOP_BLOCKS))
+    fake.press_button("D1", sent["ts"], "stop", user="U7")
+    assert await within(pressed.get()) == "U7"
+    await fake.wait_until(lambda: all_acked(fake))
 
 
 # --- answering like Slack's own test doubles ---
