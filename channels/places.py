@@ -14,7 +14,8 @@ each part a name and a type, instead of string formatting in one file and splitt
 
 Keys are stored (conversations, turns, scheduled tasks), so their shape never changes: a key an
 older version wrote reads the same. The last part takes the rest of the key, colons and all; an
-earlier part cannot hold a colon. Reading another platform's key, or a malformed one, raises
+earlier part cannot hold a colon. A part may be empty (a Slack event without its team), as such
+a key still reads back. Reading another platform's key, or a malformed one, raises
 `PlaceError`, which names the form expected.
 """
 
@@ -43,7 +44,7 @@ class Place:
 
     def __post_init__(self) -> None:
         parts = self._parts()
-        if any(SEPARATOR in part or not part for part in parts[:-1]) or not parts[-1]:
+        if any(SEPARATOR in part for part in parts[:-1]):
             raise PlaceError(f"{parts} cannot make a {self.platform} place ({self.form()})")
 
     @property
@@ -55,7 +56,7 @@ class Place:
         names = cls._names()
         platform, *parts = key.split(SEPARATOR, len(names))
         refusal = PlaceError(f"{key!r} is not a {cls.platform} place ({cls.form()})")
-        if platform != cls.platform or len(parts) != len(names) or not all(parts):
+        if platform != cls.platform or len(parts) != len(names):
             raise refusal
         kinds = typing.get_type_hints(cls)
         try:

@@ -26,6 +26,7 @@ from channels.places import (
         (DiscordPlace("42", 9001), "discord:42:9001"),
         (DiscordPlace.direct(9002), "discord:dm:9002"),
         (TerminalPlace("local"), "terminal:local"),
+        (SlackPlace("", "C1", "top"), "slack::C1:top"),
     ],
 )
 def test_a_place_is_its_key_and_back(place: Place, key: str) -> None:
@@ -50,7 +51,6 @@ def test_a_dms_top_level_posts_outside_any_thread() -> None:
         (TelegramPlace, "slack:T1:C1:top"),
         (TelegramPlace, "telegram:not-a-number"),
         (SlackPlace, "slack:T1:C1"),
-        (SlackPlace, "slack:T1::top"),
         (DiscordPlace, "discord:dm:"),
         (TerminalPlace, "terminal"),
     ],
