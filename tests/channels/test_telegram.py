@@ -22,6 +22,13 @@ from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
 from tests.harness import BotFactory
 
 GROUP = -100500
+MENTION = "@kaiwa_test_bot"
+
+
+def mention_in_group(fake: FakeTelegram, text: str) -> None:
+    """Ann writes in the group, mentioning the bot first."""
+    entity = {"type": "mention", "offset": 0, "length": len(MENTION)}
+    fake.user_message(GROUP, f"{MENTION} {text}", user_id=ANN, chat_type="group", entities=[entity])
 
 
 async def test_start_up_registers_the_commands_and_a_reply_shows_typing_first(
@@ -179,19 +186,12 @@ async def test_group_chats_are_ignored_unless_enabled(make_bot: BotFactory) -> N
 async def test_in_enabled_groups_only_mentions_and_replies_are_answered(
     make_bot: BotFactory,
 ) -> None:
-    mention = "@kaiwa_test_bot"
     async with telegram_platform(make_bot, groups=True) as telegram:
         fake, ollama = telegram.fake, telegram.bot.ollama
         ollama.script(Text("You called?"))
         ollama.script(Text("Replying to your reply."))
         fake.user_message(GROUP, "just chatting", user_id=ANN, chat_type="group")
-        fake.user_message(
-            GROUP,
-            f"{mention} what time is it",
-            user_id=ANN,
-            chat_type="group",
-            entities=[{"type": "mention", "offset": 0, "length": len(mention)}],
-        )
+        mention_in_group(fake, "what time is it")
         await telegram.wait_until(lambda: telegram.shown(GROUP) == ["You called?"], "answer")
         answer = fake.sent(GROUP)[0].message_id
         fake.user_message(
@@ -207,17 +207,10 @@ async def test_in_a_group_anyone_allowed_may_press_stop_and_a_stranger_is_told_a
 ) -> None:
     """A group's Stop button is in front of everyone: a stranger's press is refused, to them
     alone, and stops nothing; Bob (allowed, though Ann asked) stops the reply."""
-    mention = "@kaiwa_test_bot"
     async with telegram_platform(make_bot, groups=True) as telegram:
         fake, ollama = telegram.fake, telegram.bot.ollama
         ollama.script(Text("A long answer"), Pause("long"), Text(" that goes on"))
-        fake.user_message(
-            GROUP,
-            f"{mention} explain everything",
-            user_id=ANN,
-            chat_type="group",
-            entities=[{"type": "mention", "offset": 0, "length": len(mention)}],
-        )
+        mention_in_group(fake, "explain everything")
         await telegram.wait_until(lambda: telegram.shown(GROUP) == ["A long answer"], "stream")
         assert telegram.has_stop_button(GROUP)
 
