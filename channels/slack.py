@@ -21,7 +21,16 @@ Which messages are ours, and where they belong:
   Mode redelivery: its dedupe id is `<channel>:<ts>`, the same every time.
 
 Replies are written by `channels.rendering.StreamingReply` through `SlackTransport`
-(`chat.postMessage`, then `chat.update`), in Slack mrkdwn. While nothing is visible yet, a
+(`chat.postMessage`, then `chat.update`), in Slack mrkdwn. While a reply streams, its message is
+Block Kit: the text in a section block, then a Stop button; the final edit sends `blocks=[]`,
+since Slack keeps a message's blocks when an update leaves them out. A section holds 3,000
+characters, so a message's piece of the reply is measured as the mrkdwn it becomes (escaping
+lengthens `<`, `>` and `&`). A press comes to the `action` listener, which acknowledges it at
+once and then delivers `/stop` in the button's thread from the presser (lazily, since a stop may
+take longer than Slack waits for an ack), so the access rules apply as to a typed command; the
+command's answer goes to the presser alone, as an ephemeral message (`channels.presses`).
+
+While nothing is visible yet, a
 reaction (`working_reaction`) on the person's message says the bot is working; it goes away when
 the reply starts (after the reaction's own request, if that is still in flight, so it cannot
 land after its removal). Slack's errors are mapped here and nowhere else: HTTP 429 or
@@ -40,6 +49,7 @@ whatever it was doing. In HTTP mode a body that cannot be read gets 400 (Slack r
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
@@ -60,6 +70,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.connection import ConnectionState, unreachable
 from channels.formatting import slack_mrkdwn
 from channels.places import SlackPlace
+from channels.presses import Press, answered_privately, pressing
 from channels.rendering import (
     LostMessage,
     PlatformError,
@@ -77,7 +88,8 @@ from core.errors import ChannelError, StoreError
 logger = logging.getLogger(__name__)
 
 PLATFORM = SlackPlace.platform
-MESSAGE_LIMIT = 4000
+MESSAGE_LIMIT = 3000  # the text of a section block, which carries a live message's text
+STOP_ACTION_ID = "kaiwa:stop"
 COMMAND_WORDS = {name for name, _ in COMMANDS}
 SLASH_COMMAND = "/kaiwa"
 LAST_RETRY = 3  # Slack retries an unacknowledged event three times
@@ -99,7 +111,7 @@ class SlackTransport:
     """One Slack thread (or top-level DM) as `channels.rendering` sees it."""
 
     limit = MESSAGE_LIMIT
-    controls = False  # no Stop control: `live` changes nothing
+    controls = True
 
     def __init__(
         self,
@@ -119,12 +131,17 @@ class SlackTransport:
 
     @staticmethod
     def measure(text: str) -> int:
-        return len(text)
+        """The length of what Slack is sent for `text` (Markdown becomes mrkdwn)."""
+        return len(slack_mrkdwn(text))
 
     async def send(self, text: str, *, live: bool) -> str:
+        mrkdwn = slack_mrkdwn(text)
         with _mapped_errors("chat.postMessage"):
             posted = await self._client.chat_postMessage(
-                channel=self._channel, thread_ts=self._thread, text=slack_mrkdwn(text)
+                channel=self._channel,
+                thread_ts=self._thread,
+                text=mrkdwn,
+                blocks=_with_controls(mrkdwn) if live else None,
             )
         await self._stop_working()
         ts = posted.get("ts")
@@ -133,9 +150,13 @@ class SlackTransport:
         return ts
 
     async def edit(self, message_id: str, text: str, *, live: bool) -> None:
+        mrkdwn = slack_mrkdwn(text)
         with _mapped_errors("chat.update"):
             await self._client.chat_update(
-                channel=self._channel, ts=message_id, text=slack_mrkdwn(text)
+                channel=self._channel,
+                ts=message_id,
+                text=mrkdwn,
+                blocks=_with_controls(mrkdwn) if live else [],  # []: Slack drops the button
             )
 
     async def typing(self) -> None:
@@ -247,6 +268,7 @@ class SlackChannel(ConnectionState):
         self._app.event("app_mention")(self._on_event)
         # Lazy: the command is acknowledged at once, then handed over (which waits for a stop).
         self._app.command(SLASH_COMMAND)(ack=self._ack_command, lazy=[self._on_command])
+        self._app.action(STOP_ACTION_ID)(ack=_ack_press, lazy=[self._on_press])
         self._app.error(self._on_error)
         self._deliver: Deliver | None = None
         self._stopping = asyncio.Event()
@@ -317,6 +339,8 @@ class SlackChannel(ConnectionState):
         return StreamingReply(transport, self._render, place, posted)
 
     async def notify(self, place: str, text: str) -> None:
+        if await answered_privately(place, text):
+            return
         transport = SlackTransport(self.web_client, SlackPlace.of(place))
         await send_notice(transport, text, self._settings.final_edit_seconds)
 
@@ -458,6 +482,30 @@ class SlackChannel(ConnectionState):
             )
         )
 
+    async def _on_press(self, body: dict[str, Any]) -> None:
+        """The Stop button pressed: `/stop` in the button's thread, from the presser."""
+        where, user = _pressed_in(body), (body.get("user") or {}).get("id", "")
+        if where is None or not user or self._deliver is None:
+            return
+        press = Press(where.key, functools.partial(self._answer_privately, where, user))
+        with pressing(press):
+            await self._deliver(
+                ChannelMessage(
+                    platform=PLATFORM,
+                    place=where.key,
+                    message_id=f"press:{body.get('trigger_id', '')}",
+                    author_id=user,
+                    text="/stop",
+                    room=where.channel,
+                )
+            )
+
+    async def _answer_privately(self, where: SlackPlace, user: str, text: str) -> None:
+        with _mapped_errors("chat.postEphemeral"):
+            await self.web_client.chat_postEphemeral(
+                channel=where.channel, user=user, text=slack_mrkdwn(text), thread_ts=where.thread_ts
+            )
+
     async def _on_error(self, error: Exception) -> None:
         """A listener failed, so the event is not acknowledged and Slack delivers it again. A
         message the store could not record was already logged by the dispatcher."""
@@ -531,6 +579,35 @@ def _mapped_errors(method: str) -> Iterator[None]:
         raise PlatformError(f"Slack refused {method} ({error})") from exc
     except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
         raise PlatformError(f"Slack {method} failed: {exc or type(exc).__name__}") from exc
+
+
+def _with_controls(mrkdwn: str) -> list[dict[str, Any]]:
+    """A live message's blocks: its text, then the Stop button."""
+    stop = {
+        "type": "button",
+        "text": {"type": "plain_text", "text": "Stop"},
+        "action_id": STOP_ACTION_ID,
+        "value": "stop",
+    }
+    return [
+        {"type": "section", "text": {"type": "mrkdwn", "text": mrkdwn}},
+        {"type": "actions", "elements": [stop]},
+    ]
+
+
+async def _ack_press(ack: Any) -> None:
+    await ack()
+
+
+def _pressed_in(body: dict[str, Any]) -> SlackPlace | None:
+    """The conversation of the message whose button was pressed: its thread, or the DM's top
+    level for a message outside any thread."""
+    channel = (body.get("channel") or {}).get("id")
+    if not channel:
+        return None
+    team = (body.get("team") or {}).get("id") or (body.get("user") or {}).get("team_id", "")
+    thread = (body.get("message") or {}).get("thread_ts") or SlackPlace.TOP
+    return SlackPlace(team, channel, thread)
 
 
 async def _first_of(*events: asyncio.Event) -> None:

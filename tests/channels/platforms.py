@@ -18,7 +18,7 @@ import pytest
 
 from channels.discord import STOP_BUTTON_ID, DiscordChannel
 from channels.settings import DiscordSettings, SlackSettings, TelegramSettings
-from channels.slack import SlackChannel, SlackTokens
+from channels.slack import STOP_ACTION_ID, SlackChannel, SlackTokens
 from channels.telegram import STOP_DATA, TelegramChannel
 from core.channel import Channel, Reply
 from core.dispatcher import Allowed
@@ -32,7 +32,7 @@ from tests.fakes.slack import APP_TOKEN as SLACK_APP_TOKEN
 from tests.fakes.slack import BOT_TOKEN as SLACK_BOT_TOKEN
 from tests.fakes.slack import TEAM as SLACK_TEAM
 from tests.fakes.slack import Call as SlackCall
-from tests.fakes.slack import FakeSlack
+from tests.fakes.slack import FakeSlack, Posted
 from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
 from tests.fakes.telegram import Call as TelegramCall
 from tests.harness import Bot, BotFactory
@@ -283,7 +283,7 @@ class SlackPlatform(OnAFake):
     """Each chat is a direct message channel (`D<chat>`), the Slack shape closest to a chat."""
 
     name = "slack"
-    limit = 4000
+    limit = 3000
     typing = "reactions.add"  # Slack's "typing…" for bots: a reaction on the person's message
     fake: FakeSlack
 
@@ -330,6 +330,22 @@ class SlackPlatform(OnAFake):
     def posts_near(self, params: Mapping[str, Any]) -> Callable[[], int]:
         channel = str(params["channel"])
         return lambda: len(self.fake.posted(channel))
+
+    def has_stop_button(self, chat: int) -> bool:
+        return any(slack_stop_button(posted) for posted in self.fake.posted(f"D{chat}"))
+
+    def press_stop(self, chat: int, *, user: int | None = None) -> None:
+        live = next(posted for posted in self.fake.posted(f"D{chat}") if slack_stop_button(posted))
+        self.fake.press_button(f"D{chat}", live.ts, STOP_ACTION_ID, user=f"U{user or chat}")
+
+    def told_privately(self, chat: int) -> list[str]:
+        return [said.text for said in self.fake.ephemeral if said.channel == f"D{chat}"]
+
+
+def slack_stop_button(posted: Posted) -> bool:
+    """Whether a Slack message shows the Stop button (in an actions block)."""
+    actions = [block for block in posted.blocks or [] if block.get("type") == "actions"]
+    return STOP_ACTION_ID in [e.get("action_id") for block in actions for e in block["elements"]]
 
 
 @contextlib.asynccontextmanager

@@ -2,25 +2,35 @@
 reconnects and HTTP mode, through the real slack-bolt against the fake Slack and fake Ollama."""
 
 import asyncio
+import contextlib
 import gc
 import socket
+from collections.abc import AsyncIterator
 
 import pytest
 
 from channels.rendering import PlatformError
 from channels.settings import SlackSettings
-from channels.slack import SlackChannel, SlackTokens
+from channels.slack import STOP_ACTION_ID, SlackChannel, SlackTokens
 from core.errors import ChannelError
 from core.store import Store
-from tests.channels.platforms import ANN, BOB, SLACK_ALLOWED, running, slack_platform
+from tests.channels.platforms import (
+    ANN,
+    BOB,
+    SLACK_ALLOWED,
+    running,
+    slack_platform,
+    slack_stop_button,
+)
 from tests.databases import IMPATIENT, Outage, open_store
 from tests.fakes.ollama import Pause, Text
-from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET, TEAM, FakeSlack
-from tests.harness import BotFactory
+from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET, TEAM, Ephemeral, FakeSlack
+from tests.harness import Bot, BotFactory
 
 ROOM = "C1"
 DM = "D7"
 ANN_ID, BOB_ID = f"U{ANN}", f"U{BOB}"
+ESCAPED = "&lt;p&gt;&amp;nbsp;&lt;/p&gt;"  # "<p>&nbsp;</p>" in mrkdwn
 
 
 def place(thread: str, channel: str = ROOM) -> str:
@@ -96,6 +106,64 @@ async def test_bang_stop_in_the_thread_keeps_the_partial_text(make_bot: BotFacto
     assert reply == "A long answer begins (stopped)"
     assert notice == "Stopped."
     assert await slack.bot.assistant_text(place(opened)) == "A long answer begins"
+
+
+async def test_the_stop_button_in_a_channel_thread_stops_that_thread(
+    make_bot: BotFactory,
+) -> None:
+    """Bob, allowed but not the one who asked, presses Stop in Ann's thread: the thread's reply
+    stops, and only Bob is told, in that thread."""
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        slack.bot.ollama.script(Text("A long answer begins"), Pause("long"), Text(" never"))
+        opened = fake.mention(ROOM, "explain", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the partial reply")
+        (live,) = fake.posted(ROOM, opened)
+        assert slack_stop_button(live)
+        fake.press_button(ROOM, live.ts, STOP_ACTION_ID, user=BOB_ID)
+        await fake.wait_until(lambda: fake.ephemeral, what="the answer to Bob")
+    assert fake.ephemeral == [Ephemeral(ROOM, BOB_ID, "Stopped.", opened)]
+    (reply,) = fake.posted(ROOM, opened)
+    assert reply.text == "A long answer begins (stopped)" and reply.blocks is None
+    assert await slack.bot.assistant_text(place(opened)) == "A long answer begins"
+
+
+async def test_a_press_is_acknowledged_before_the_stop_it_asks_for_is_over(
+    make_bot: BotFactory,
+) -> None:
+    """Slack waits three seconds for an ack, and a stop lasts until the reply's last edit. Here
+    Slack holds that edit until it has the press's ack: were the ack sent only once the stop is
+    over, neither would ever come."""
+    async with slack_platform(make_bot) as slack:
+        fake, ollama = slack.fake, slack.bot.ollama
+        ollama.script(Text("Half"), Pause("half"), Text(" and the rest"))
+        slack.say(ANN, "go")
+        await slack.wait_until(lambda: slack.shown(ANN) == ["Half"], "streaming")
+        (live,) = fake.posted(f"D{ANN}")
+        pressed = fake.press_button(f"D{ANN}", live.ts, STOP_ACTION_ID, user=ANN_ID)
+        fake.holds.hold("chat.update", lambda params: lambda: pressed in fake.acked)
+        await slack.wait_until(lambda: slack.told_privately(ANN) == ["Stopped."], "the answer")
+    assert slack.shown(ANN) == ["Half (stopped)"]
+    assert fake.holds.abandoned == []
+
+
+async def test_a_reply_of_escaped_characters_fits_its_section_block(make_bot: BotFactory) -> None:
+    """A live message's text sits in a section block (3,000 characters at most); &, < and >
+    grow into entities in mrkdwn, so a message is measured as what Slack is sent."""
+    html = "<p>&nbsp;</p>\n" * 500
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        slack.bot.ollama.script(Text(f"```\n{html}```", chunks=20), Pause("end"), Text("\n"))
+        slack.say(ANN, "some html please")
+        await asyncio.wait_for(slack.bot.ollama.reached("end"), 5)
+        await slack.wait_until(
+            lambda: "".join(slack.shown(ANN)).count(ESCAPED) == 500, "all of it, still live"
+        )
+        assert slack.has_stop_button(ANN)
+        slack.bot.ollama.release("end")
+        await slack.wait_until(lambda: not slack.has_stop_button(ANN), "the finished reply")
+    assert [call.error for call in fake.calls if call.error] == []
+    assert "".join(slack.shown(ANN)).count(ESCAPED) == 500
 
 
 async def test_a_mention_followed_by_the_word_is_the_command(make_bot: BotFactory) -> None:
@@ -255,22 +323,25 @@ async def test_the_slash_command_acts_on_the_thread_given(make_bot: BotFactory) 
     assert fake.posted(ROOM, opened)[0].text == "Working (stopped)"
 
 
-async def test_http_mode_answers_signed_events_and_refuses_bad_signatures(
-    make_bot: BotFactory,
-) -> None:
+@contextlib.asynccontextmanager
+async def over_http(make_bot: BotFactory, fake: FakeSlack) -> AsyncIterator[tuple[Bot, str]]:
+    """A Slack channel in HTTP mode, receiving on a free port: the bot, and its events URL."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    async with FakeSlack() as fake:
-        settings = SlackSettings(
-            mode="http", api_url=fake.api_url, http_port=port, edit_interval=0.05
-        )
-        channel = SlackChannel(settings, SlackTokens(bot=BOT_TOKEN, signing_secret=SIGNING_SECRET))
-        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
-        bot.ollama.script(Text("Over HTTP."))
-        reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
-        url = f"http://127.0.0.1:{port}/slack/events"
+    settings = SlackSettings(mode="http", api_url=fake.api_url, http_port=port, edit_interval=0.05)
+    channel = SlackChannel(settings, SlackTokens(bot=BOT_TOKEN, signing_secret=SIGNING_SECRET))
+    bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
+    async with running(channel, bot):
         await asyncio.wait_for(channel.connected.wait(), 5)
+        yield bot, f"http://127.0.0.1:{port}/slack/events"
+
+
+async def test_http_mode_answers_signed_events_and_refuses_bad_signatures(
+    make_bot: BotFactory,
+) -> None:
+    async with FakeSlack() as fake, over_http(make_bot, fake) as (bot, url):
+        bot.ollama.script(Text("Over HTTP."))
         challenge = {"type": "url_verification", "challenge": "abc", "token": "x"}
         verified = await fake.post_event(url, challenge)
         event = {
@@ -286,9 +357,6 @@ async def test_http_mode_answers_signed_events_and_refuses_bad_signatures(
         retried = await fake.post_event(url, body, retry_num=1)
         forged = await fake.post_event(url, fake.event_body(event), secret="wrong")
         await fake.wait_until(lambda: fake.posted(ROOM, "1700000000.000100"), what="the reply")
-        await channel.stop_receiving()
-        await asyncio.wait_for(reading, 10)
-        await bot.runner.shutdown()
     assert verified[0] == 200 and '"abc"' in verified[1]
     assert accepted[0] == 200 and retried[0] == 200
     assert forged[0] == 401
@@ -454,16 +522,20 @@ async def test_run_starts_again_after_slack_was_too_busy_to_connect(
 
 async def test_http_mode_answers_a_body_it_cannot_read_with_400(make_bot: BotFactory) -> None:
     """Regression: a signed body that was not JSON got 500, which Slack retries."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    async with FakeSlack() as fake:
-        settings = SlackSettings(mode="http", api_url=fake.api_url, http_port=port)
-        channel = SlackChannel(settings, SlackTokens(bot=BOT_TOKEN, signing_secret=SIGNING_SECRET))
-        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
-        url = f"http://127.0.0.1:{port}/slack/events"
-        async with running(channel, bot):
-            await asyncio.wait_for(channel.connected.wait(), 5)
-            garbled = await fake.post_raw(url, '{"type": "event_callback", ')
-            listed = await fake.post_raw(url, "[1, 2]")
+    async with FakeSlack() as fake, over_http(make_bot, fake) as (_, url):
+        garbled = await fake.post_raw(url, '{"type": "event_callback", ')
+        listed = await fake.post_raw(url, "[1, 2]")
     assert garbled[0] == 400 and listed[0] == 400
+
+
+async def test_http_mode_takes_a_stop_button_press_too(make_bot: BotFactory) -> None:
+    async with FakeSlack() as fake, over_http(make_bot, fake) as (bot, url):
+        bot.ollama.script(Text("Half"), Pause("half"), Text(" never"))
+        fake.events_url = url
+        fake.dm(DM, "go", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(DM), what="the partial reply")
+        (live,) = fake.posted(DM)
+        fake.press_button(DM, live.ts, STOP_ACTION_ID, user=ANN_ID)
+        await fake.wait_until(lambda: fake.ephemeral, what="the answer")
+    assert [said.text for said in fake.ephemeral] == ["Stopped."]
+    assert [posted.text for posted in fake.posted(DM)] == ["Half (stopped)"]
