@@ -103,6 +103,48 @@ async def test_stop_keeps_the_partial_text_on_the_platform_and_in_the_store(
     )
 
 
+async def test_the_stop_button_stops_the_reply_keeps_its_text_and_goes_away(
+    platform: Platform,
+) -> None:
+    """Pressing Stop is typing /stop: the reply keeps its partial text, on the platform and in
+    the store; its button goes; "Stopped." is told to the presser alone."""
+    ollama = platform.bot.ollama
+    ollama.script(Text("The beginning of a long story"), Pause("story"), Text(" never told"))
+
+    platform.say(ANN, "tell me a story")
+    await platform.wait_until(
+        lambda: platform.shown(ANN) == ["The beginning of a long story"], "the partial reply"
+    )
+    assert platform.has_stop_button(ANN), "a streaming reply can be stopped"
+    platform.press_stop(ANN)
+    await platform.wait_until(lambda: platform.told_privately(ANN) == ["Stopped."], "the answer")
+
+    assert platform.shown(ANN) == ["The beginning of a long story (stopped)"]
+    assert not platform.has_stop_button(ANN)
+    place = platform.place(ANN)
+    assert await platform.bot.assistant_text(place) == "The beginning of a long story"
+    assert (await platform.bot.turns(place))[-1].status == Outcome.STOPPED.value
+
+
+async def test_a_strangers_press_stops_nothing(platform: Platform) -> None:
+    ollama = platform.bot.ollama
+    ollama.script(Text("An answer for Ann"), Pause("answer"), Text(", complete."))
+
+    platform.say(ANN, "a question")
+    await platform.wait_until(lambda: platform.shown(ANN) == ["An answer for Ann"], "streaming")
+    platform.press_stop(ANN, user=MALLORY)
+    await platform.wait_until(lambda: platform.told_privately(ANN), "the refusal")
+    (refusal,) = platform.told_privately(ANN)
+    assert "not allowed" in refusal and str(MALLORY) in refusal
+
+    ollama.release("answer")
+    await platform.wait_until(
+        lambda: platform.shown(ANN) == ["An answer for Ann, complete."], "the whole reply"
+    )
+    assert not platform.has_stop_button(ANN), "a finished reply has no Stop button"
+    assert (await platform.bot.turns(platform.place(ANN)))[-1].status == Outcome.DONE.value
+
+
 async def test_a_duplicate_delivery_is_answered_once(platform: Platform) -> None:
     platform.bot.ollama.script(Text("Only once."))
 
