@@ -392,8 +392,8 @@ class TelegramChannel(ConnectionState):
     async def _pressed(self, query: CallbackQuery) -> None:
         """A button pressed on a bot message: Stop is `/stop` in that chat from the presser.
         The press is answered whatever happens, with the command's answer if there is one."""
-        pressed_in = query.message.chat.id if query.message is not None else None
-        place = TelegramPlace(pressed_in).key if pressed_in is not None else ""
+        chat = query.message.chat.id if query.message is not None else None
+        place = TelegramPlace(chat).key if chat is not None else ""
         press = Press(place, functools.partial(self._answer_press, query, place))
         try:
             if query.data == STOP_DATA and place and self._deliver is not None:
@@ -423,11 +423,12 @@ class TelegramChannel(ConnectionState):
             await send_notice(transport, text, self._settings.final_edit_seconds)
 
     async def _answer_quietly(self, query: CallbackQuery) -> None:
-        """End a press's spinner; one Telegram will not take (too old) is only logged."""
+        """End a press's spinner; an answer Telegram will not take (the press is too old, or
+        rate limited) is only logged."""
         try:
             with _mapped_errors("answerCallbackQuery"):
                 await self._bot.answer_callback_query(query.id)
-        except PlatformError as exc:
+        except (PlatformError, RateLimited) as exc:
             logger.info("Telegram: a button press was not answered: %s", exc)
 
     def _addressed_text(self, message: Message) -> str | None:

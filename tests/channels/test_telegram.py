@@ -18,7 +18,7 @@ from core.store import Store
 from tests.channels.platforms import ALLOWED, ANN, BOB, MALLORY, running, telegram_platform
 from tests.databases import IMPATIENT, Outage, open_store
 from tests.fakes.ollama import Pause, Text
-from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
+from tests.fakes.telegram import BOT_TOKEN, QUERY_GONE, FakeTelegram
 from tests.harness import BotFactory
 
 GROUP = -100500
@@ -206,7 +206,9 @@ async def test_in_a_group_anyone_allowed_may_press_stop_and_a_stranger_is_told_a
     make_bot: BotFactory,
 ) -> None:
     """A group's Stop button is in front of everyone: a stranger's press is refused, to them
-    alone, and stops nothing; Bob (allowed, though Ann asked) stops the reply."""
+    alone, and stops nothing (pressing again, they are not told again; that press's answer,
+    which Telegram refuses as too old, is only logged); Bob (allowed, though Ann asked) stops
+    the reply."""
     async with telegram_platform(make_bot, groups=True) as telegram:
         fake, ollama = telegram.fake, telegram.bot.ollama
         ollama.script(Text("A long answer"), Pause("long"), Text(" that goes on"))
@@ -219,6 +221,10 @@ async def test_in_a_group_anyone_allowed_may_press_stop_and_a_stranger_is_told_a
         (refusal,) = telegram.told_privately(GROUP)
         assert "not allowed" in refusal and str(MALLORY) in refusal
         assert telegram.shown(GROUP) == ["A long answer"] and telegram.has_stop_button(GROUP)
+        fake.fail_next("answerCallbackQuery", status=400, description=QUERY_GONE)
+        telegram.press_stop(GROUP, user=MALLORY)
+        await fake.wait_until(lambda: len(fake.calls_to("answerCallbackQuery")) == 2)
+        assert fake.calls_to("answerCallbackQuery")[1].error is not None
 
         telegram.press_stop(GROUP, user=BOB)
         await telegram.wait_until(lambda: "Stopped." in telegram.told_privately(GROUP), "stop")
