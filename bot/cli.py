@@ -74,13 +74,30 @@ def _parser() -> argparse.ArgumentParser:
         epilog="The config file is --config, else $KAIWA_CONFIG, else ./config.toml, "
         "else the embedded defaults.",
     )
-    parser.add_argument("--config", metavar="PATH", help="the configuration file to use")
     parser.add_argument("--version", action="version", version=f"kaiwa {kaiwa_version()}")
-    debug_help = "DEBUG lines on stderr, and the traceback of an unexpected error"
-    parser.add_argument("--debug", action="store_true", help=debug_help)
+    _add_options(parser, command=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    running = commands.add_parser("run", help="start the configured channels (the default)")
-    running.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
-    commands.add_parser("check", help="check that Ollama is reachable and the models are pulled")
-    commands.add_parser("status", help="conversations, today's turns and tokens, the last errors")
+    for name, about in (
+        ("run", "start the configured channels (the default)"),
+        ("check", "check that Ollama is reachable and the models are pulled"),
+        ("status", "conversations, today's turns and tokens, the last errors"),
+    ):
+        # the options work after the command too (`kaiwa run --debug`); given there, they win
+        _add_options(commands.add_parser(name, help=about), command=True)
     return parser
+
+
+def _add_options(parser: argparse.ArgumentParser, *, command: bool) -> None:
+    """A command's copy of an option leaves the value alone unless it is given there."""
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        default=argparse.SUPPRESS if command else None,
+        help="the configuration file to use",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS if command else False,
+        help="DEBUG lines on stderr, and the traceback of an unexpected error",
+    )

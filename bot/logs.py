@@ -18,7 +18,7 @@ PRINTED = {"printed": True}
 """`extra=` of a record the command also prints in its own words: kept off stderr, so a person
 reads it once."""
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-QUIET_LIBRARIES = ("httpx", "httpcore", "alembic", "asyncio")
+QUIET_LIBRARIES = ("httpx", "httpcore", "alembic", "asyncio", "markdown_it")
 
 
 class RedactingFormatter(logging.Formatter):

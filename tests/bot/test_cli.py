@@ -125,7 +125,7 @@ async def test_check_names_a_slack_token_that_is_wrong(ollama: FakeOllama, tmp_p
 
 async def test_run_refuses_to_start_without_ollama(tmp_path: Path) -> None:
     config = write_config(tmp_path, "http://127.0.0.1:9")
-    code, out, err = await finish(await kaiwa("--config", str(config), "run"))
+    code, out, err = await finish(await kaiwa("run", "--config", str(config)))
     assert code == 1
     (line,) = err.splitlines()  # once (regression: the same line came from the log first)
     assert line.startswith("kaiwa: cannot start: cannot reach Ollama at http://127.0.0.1:9")
