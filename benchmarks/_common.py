@@ -235,7 +235,9 @@ class BenchReply:
         if frame.text:
             self.has_text.set()
 
-    async def finish(self, text: str, outcome: Outcome, note: str | None) -> None:
+    async def finish(
+        self, text: str, outcome: Outcome, note: str | None, *, tools: tuple[str, ...] = ()
+    ) -> None:
         self.finished_at = time.perf_counter()
         self.text, self.outcome, self.note = text, outcome, note
         self.delivery = Delivery.SHOWN

@@ -165,7 +165,9 @@ class StreamingReply:
         except PlatformError as exc:
             self._frame_refused(exc)
 
-    async def finish(self, text: str, outcome: Outcome, note: str | None) -> None:
+    async def finish(
+        self, text: str, outcome: Outcome, note: str | None, *, tools: tuple[str, ...] = ()
+    ) -> None:
         """Show the final text, through rate limits for up to `final_edit_seconds`; set
         `delivery`. A platform that will not show it is logged, never raised."""
         self._text_shows.set()

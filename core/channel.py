@@ -83,7 +83,8 @@ class ChannelTraits:
 
 
 class Reply(Protocol):
-    """One reply being written. `finish` is always the last call and carries the final text.
+    """One reply being written. `finish` is always the last call and carries the final text,
+    and every tool the turn used (a fast one may have come and gone between two frames).
 
     `posted` are the platform's ids of the messages the reply has posted so far, in order (the
     turn records them, so a restart can find the reply again); `delivery` is what the platform
@@ -94,7 +95,9 @@ class Reply(Protocol):
     delivery: Delivery
 
     async def update(self, frame: Frame) -> None: ...
-    async def finish(self, text: str, outcome: Outcome, note: str | None) -> None: ...
+    async def finish(
+        self, text: str, outcome: Outcome, note: str | None, *, tools: tuple[str, ...] = ()
+    ) -> None: ...
 
 
 Deliver = Callable[[ChannelMessage], Awaitable[None]]

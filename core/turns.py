@@ -327,7 +327,7 @@ class TurnRunner:
         seconds = time.monotonic() - began
         self._log_turn(request, outcome, recorder, seconds, turn.stop_reason, note)
         # ... then the notice, which a second cancellation may cut short without losing anything.
-        await self._notify(pump, reply, text, outcome, note)
+        await self._notify(pump, reply, text, outcome, note, recorder.frame().tools)
         self._note_delivery(request, recorder, reply)
         return TurnResult(outcome.value, text, note, recorder.turn_id)
 
@@ -414,11 +414,17 @@ class TurnRunner:
         return TurnResult("failed", error=note)
 
     async def _notify(
-        self, pump: FramePump, reply: Reply, text: str, outcome: Outcome, note: str | None
+        self,
+        pump: FramePump,
+        reply: Reply,
+        text: str,
+        outcome: Outcome,
+        note: str | None,
+        tools: tuple[str, ...],
     ) -> None:
         try:
             await pump.close()
-            await reply.finish(text, outcome, note)
+            await reply.finish(text, outcome, note, tools=tools)
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             logger.warning("the closing notice of a turn was cancelled; its records are stored")

@@ -208,6 +208,23 @@ async def test_invariant_4_stop_keeps_partial_text(bot: Bot) -> None:
     assert (turn.status, turn.stop_reason) == ("stopped", "user")
 
 
+async def test_the_notice_names_every_tool_even_one_no_frame_showed(make_bot: BotFactory) -> None:
+    """Regression: a tool that ran between two frames was never shown (the terminal leaves a
+    line for each tool)."""
+    bot = make_bot(channel=RecordingChannel(hold_update=True), tools=[echo])
+    bot.ollama.script(ToolCall("echo", {"word": "x"}), ToolCall("echo", {"word": "y"}))
+    bot.ollama.script(Pause("answering"), Text("Echoed twice."))
+
+    await bot.send("echo")
+    await bot.channel.updating.wait()  # the pump is stuck on its first frame: no other is shown
+    await bot.ollama.reached("answering")  # both tools have run meanwhile
+    bot.channel.release_update()
+    bot.ollama.release("answering")
+    (reply,) = await bot.channel.finished()
+
+    assert reply.tools == ("echo", "echo")
+
+
 async def test_stop_during_a_tool_closes_the_call_and_next_request_is_well_formed(
     make_bot: BotFactory,
 ) -> None:

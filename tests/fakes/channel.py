@@ -25,6 +25,8 @@ class RecordedReply:
     text: str | None = None
     outcome: Outcome | None = None
     note: str | None = None
+    tools: tuple[str, ...] = ()
+    """Every tool the turn used, as `finish` named them."""
     taken_up: tuple[str, ...] = ()
     """Ids of messages an earlier process posted, which this reply took up again."""
 
@@ -123,11 +125,14 @@ class _Reply:
         self._channel.calls.append("update done")
         self._channel.changed()
 
-    async def finish(self, text: str, outcome: Outcome, note: str | None) -> None:
+    async def finish(
+        self, text: str, outcome: Outcome, note: str | None, *, tools: tuple[str, ...] = ()
+    ) -> None:
         if self._channel._hold_finish:
             self._channel.finishing.set()
             await self._channel._finish_gate.wait()
         self.recorded.text, self.recorded.outcome, self.recorded.note = text, outcome, note
+        self.recorded.tools = tools
         self.delivery = self._channel.shows
         self._channel.calls.append("finish")
         self._channel.changed()
