@@ -30,12 +30,12 @@ once and then delivers `/stop` in the button's thread from the presser (lazily, 
 take longer than Slack waits for an ack), so the access rules apply as to a typed command; the
 command's answer goes to the presser alone, as an ephemeral message (`channels.presses`).
 
-While nothing is visible yet, a
-reaction (`working_reaction`) on the person's message says the bot is working; it goes away when
-the reply starts (after the reaction's own request, if that is still in flight, so it cannot
-land after its removal). Slack's errors are mapped here and nowhere else: HTTP 429 or
-`ratelimited` → `RateLimited`, any other refusal or network failure → `PlatformError`, a post
-answered without its `ts` → `LostMessage` (never the text "None" as a message id).
+While nothing is visible yet, a reaction (`working_reaction`) on the person's message says the
+bot is working; it goes away when the reply starts (after the reaction's own request, if that is
+still in flight, so it cannot land after its removal). Slack's errors are mapped here and nowhere
+else: HTTP 429 or `ratelimited` → `RateLimited`, any other refusal or network failure →
+`PlatformError`, a post answered without its `ts` → `LostMessage` (never the text "None" as a
+message id).
 
 Connecting: the Socket Mode URL comes from `apps.connections.open`, asked once per connection by
 `_SocketClient` (slack_sdk's client, reporting to the channel). `problems` asks it for `kaiwa
