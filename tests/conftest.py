@@ -10,6 +10,7 @@ from core.store import Store
 from tests.databases import closing, database_url, outage  # noqa: F401  (fixtures everywhere)
 from tests.fakes.ollama import FakeOllama
 from tests.harness import bot, make_bot  # noqa: F401  (fixtures for every test folder)
+from tests.processes import kill_leftovers  # noqa: F401  (an autouse fixture)
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 

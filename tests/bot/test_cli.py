@@ -1,10 +1,8 @@
 """The `kaiwa` command as a person runs it: a real process, the fake Ollama on 127.0.0.1."""
 
 import asyncio
-import os
 import re
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,42 +13,9 @@ from tests.fakes.discord import FakeDiscord
 from tests.fakes.ollama import FakeOllama, HttpError, Pause, Text
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
+from tests.processes import WAIT_SECONDS, finish, kaiwa, write_config
 
-WAIT_SECONDS = 20.0
 READY = "Kaiwa is ready"
-
-
-def write_config(tmp_path: Path, url: str, model: str = "test-model") -> Path:
-    path = tmp_path / "kaiwa.toml"
-    path.write_text(
-        f'[ollama]\nurl = "{url}"\nconnect_timeout = 2.0\n\n'
-        f'[agents.assistant]\nmodel = "{model}"\n\n'
-        '[storage]\ndata_dir = "state"\n\n'
-        "[channels.terminal]\nshow_thinking = false\n"
-    )
-    return path
-
-
-async def kaiwa(
-    *args: str, stdin: int | None = None, env: dict[str, str] | None = None
-) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bot",
-        *args,
-        stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "KAIWA_CONFIG": "", **(env or {})},
-    )
-
-
-async def finish(process: asyncio.subprocess.Process) -> tuple[int, str, str]:
-    async with asyncio.timeout(WAIT_SECONDS):
-        out, err = await process.communicate()
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
 
 
 async def read_until(process: asyncio.subprocess.Process, text: str) -> str:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from tests.bot.test_cli import WAIT_SECONDS, finish, kaiwa, write_config
 from tests.fakes.ollama import FakeOllama, Pause, Text
 from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
+from tests.processes import WAIT_SECONDS, finish, kaiwa, write_config
 
 ANN = 4242
 
