@@ -179,6 +179,9 @@ async def _serve(
         max_message_chars=config.limits.max_message_chars,
     )
     supervised = [Supervised(adapter, dispatcher.handle) for adapter in adapters]
+    for adapter in adapters:
+        if isinstance(adapter, TerminalChannel):  # before its prompt, so it reads first
+            adapter.say(await _terminal_banner(adapter, settings, store))
     running = [
         asyncio.create_task(each.run(), name=f"channel {each.channel.platform}")
         for each in supervised
@@ -250,15 +253,25 @@ def _ids(ids: Sequence[int | str]) -> frozenset[str]:
     return frozenset(map(str, ids))
 
 
+async def _terminal_banner(terminal: TerminalChannel, settings: TurnSettings, store: Store) -> str:
+    """Who answers, and whether this continues a conversation (and how long it is)."""
+    stored = await store.conversation_of(terminal.place)
+    turns = len(stored.endings)
+    where = (
+        f"Continuing your conversation ({turns} {plural(turns, 'turn')} so far; /new starts a "
+        "fresh one)."
+        if stored.conversation is not None
+        else "A new conversation."
+    )
+    return (
+        f"Kaiwa is ready: {settings.agent.name} on {settings.agent.model}. {where} "
+        "/help lists commands; Ctrl-D quits."
+    )
+
+
 async def _announce_ready(adapters: list[Adapter], settings: TurnSettings, described: str) -> None:
-    """The terminal's banner at once; then the start line, once every channel has connected
-    or had a while to (naming those still trying, and why)."""
-    for adapter in adapters:
-        if isinstance(adapter, TerminalChannel):
-            adapter.say(
-                f"Kaiwa is ready: {settings.agent.name} on {settings.agent.model}. "
-                "Type a message; /help lists commands; Ctrl-D quits."
-            )
+    """The start line, once every channel has connected or had a while to (naming those still
+    trying, and why)."""
     waits = [asyncio.ensure_future(adapter.connected.wait()) for adapter in adapters]
     if waits:
         await asyncio.wait(waits, timeout=CONNECT_ANNOUNCE_SECONDS)
@@ -286,13 +299,7 @@ def _adapters(config: Config, terminal: TerminalIO) -> list[Adapter]:
     is not even imported)."""
     adapters: list[Adapter] = []
     if config.channels.terminal.enabled:
-        adapters.append(
-            TerminalChannel(
-                terminal.lines or stdin_lines(),
-                terminal.output or sys.stdout,
-                config.channels.terminal,
-            )
-        )
+        adapters.append(_terminal(config, terminal))
     telegram = config.channels.telegram
     token = os.environ.get(telegram.token_env)
     if telegram.enabled and token:
@@ -311,6 +318,19 @@ def _adapters(config: Config, terminal: TerminalIO) -> list[Adapter]:
     if discord.enabled and os.environ.get(discord.token_env):
         adapters.append(_discord(discord))
     return adapters
+
+
+def _terminal(config: Config, terminal: TerminalIO) -> TerminalChannel:
+    """A chat (line editing, history, Markdown) when a person sits at a terminal; plain lines
+    for a pipe or a file, and when a test hands the lines over."""
+    settings = config.channels.terminal
+    if terminal.lines is None and sys.stdin.isatty() and sys.stdout.isatty():
+        from channels.chat_console import ChatConsole
+
+        console = ChatConsole(settings, history=config.data_dir / "terminal_history")
+        return TerminalChannel(console, settings)
+    lines = terminal.lines or stdin_lines()
+    return TerminalChannel.plain(lines, terminal.output or sys.stdout, settings)
 
 
 def _slack(settings: SlackSettings) -> Adapter:

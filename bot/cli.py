@@ -62,7 +62,7 @@ async def _run(config: "Config", *, debug: bool) -> int:
             os._exit(130)  # the second Ctrl-C: leave at once
         stop_requested.set()
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: a closed terminal
         loop.add_signal_handler(signum, on_signal)
     return await app.run(config, stop_requested, app.TerminalIO(), debug=debug)
 

@@ -1,13 +1,18 @@
 """The terminal channel: the embedded default, so a fresh clone can chat before any token exists.
 
-It reads lines from an async source (stdin through a reader thread in production, a queue in
-tests) and writes to a text stream. Lines are delivered one at a time, but delivery only queues a
-turn, so `/stop` typed while a reply streams is read and handled at once. End of input ends the
-channel, which shuts the bot down.
+The channel turns what a person types into messages, one at a time (delivery only queues a
+turn, so `/stop` typed while a reply streams is read and handled at once); end of input ends the
+channel, which shuts the bot down. Where the lines come from and how replies look is a
+`Console`'s business, and there are two:
+- `PlainConsole` (here): lines from a stream, replies printed as they stream, thinking and tool
+  activity dimmed. For pipes and files, which scripts and tests rely on, and for any terminal
+  that is not interactive.
+- `channels.chat_console.ChatConsole`: a chat in a real terminal, with line editing, history,
+  multi-line input, a live reply above the input line and Markdown once it is done.
 
 Frames are cumulative (the whole answer so far), so printing one means printing what is new since
-the last. Thinking and tool activity are dimmed when the output is a terminal, and each can be
-switched off in config.
+the last. Model output is shown as text: control characters in it are made visible
+(`printable`), never sent to the terminal to act on.
 """
 
 import asyncio
@@ -15,7 +20,7 @@ import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from channels.settings import TerminalSettings
 from core.channel import (
@@ -30,23 +35,30 @@ from core.channel import (
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 REPLY_LABEL = "kaiwa> "
+KEPT_CONTROLS = "\n\t"
+
+
+class Console(Protocol):
+    """A terminal as the channel sees it: where messages come from and where replies go."""
+
+    def lines(self) -> AsyncIterator[str]:
+        """What the person sends, one message at a time; ends at the end of input."""
+        ...
+
+    def reply(self) -> Reply:
+        """A reply to show as it streams."""
+        ...
+
+    def say(self, text: str) -> None:
+        """A line from the bot itself (a banner, a command's answer, a notice)."""
+        ...
 
 
 class TerminalChannel:
     platform = "terminal"
 
-    def __init__(
-        self,
-        lines: AsyncIterator[str],
-        output: TextIO,
-        settings: TerminalSettings,
-        *,
-        color: bool | None = None,
-    ) -> None:
-        self._lines = lines
-        self._output = output
-        self._settings = settings
-        self._color = output.isatty() if color is None else color
+    def __init__(self, console: Console, settings: TerminalSettings) -> None:
+        self.console = console
         self.traits = ChannelTraits(frame_interval=settings.frame_interval)
         self.place = f"terminal:{settings.session}"
         self._run_id = uuid.uuid4().hex[:12]
@@ -55,6 +67,17 @@ class TerminalChannel:
         self.connected = asyncio.Event()
         self.connected.set()  # a terminal is there from the start
         self.problem: str | None = None
+
+    @classmethod
+    def plain(
+        cls,
+        lines: AsyncIterator[str],
+        output: TextIO,
+        settings: TerminalSettings,
+        *,
+        color: bool | None = None,
+    ) -> "TerminalChannel":
+        return cls(PlainConsole(lines, output, settings, color=color), settings)
 
     async def run(self, deliver: Deliver) -> None:
         self._reader = asyncio.current_task()
@@ -66,10 +89,10 @@ class TerminalChannel:
 
     async def _read(self, deliver: Deliver) -> None:
         count = 0
-        async for line in self._lines:
-            text = line.strip()
-            if not text:
+        async for line in self.console.lines():
+            if not line.strip():
                 continue
+            text = line.lstrip("\r\n").rstrip()  # a pasted block keeps its first indentation
             count += 1
             await deliver(
                 ChannelMessage(
@@ -79,7 +102,7 @@ class TerminalChannel:
                     author_id="local",
                     text=text,
                     author_name="you",
-                ),
+                )
             )
 
     async def problems(self) -> list[str]:
@@ -98,14 +121,40 @@ class TerminalChannel:
     def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
         """A terminal cannot change what it printed: a reply taken up after a restart starts
         anew below it."""
-        return TerminalReply(self._write, self._dim, self._settings)
+        return self.console.reply()
 
     async def notify(self, place: str, text: str) -> None:
-        self._write(self._dim(text) + "\n")
+        self.console.say(text)
 
     def say(self, text: str) -> None:
         """A line from the bot itself (the ready banner), outside any conversation."""
-        self._write(self._dim(text) + "\n")
+        self.console.say(text)
+
+
+class PlainConsole:
+    """Lines from a stream; replies printed as they stream (dimmed parts only on a terminal)."""
+
+    def __init__(
+        self,
+        lines: AsyncIterator[str],
+        output: TextIO,
+        settings: TerminalSettings,
+        *,
+        color: bool | None = None,
+    ) -> None:
+        self._lines = lines
+        self._output = output
+        self._settings = settings
+        self._color = output.isatty() if color is None else color
+
+    def lines(self) -> AsyncIterator[str]:
+        return self._lines
+
+    def reply(self) -> Reply:
+        return TerminalReply(self._write, self._dim, self._settings)
+
+    def say(self, text: str) -> None:
+        self._write(self._dim(printable(text)) + "\n")
 
     def _write(self, text: str) -> None:
         self._output.write(text)
@@ -133,7 +182,9 @@ class TerminalReply:
     async def update(self, frame: Frame) -> None:
         self._show(frame)
 
-    async def finish(self, text: str, outcome: Outcome, note: str | None) -> None:
+    async def finish(
+        self, text: str, outcome: Outcome, note: str | None, *, tools: tuple[str, ...] = ()
+    ) -> None:
         self._show(Frame(text))
         if self._section is None:
             self._start("text")
@@ -142,7 +193,7 @@ class TerminalReply:
         elif outcome is Outcome.INTERRUPTED:
             self._write_raw(self._dimmed(" (interrupted by a restart)"))
         elif outcome is Outcome.FAILED:
-            self._write_raw(("\n" if self._text else "") + f"[failed] {note}")
+            self._write_raw(("\n" if self._text else "") + f"[failed] {printable(note or '')}")
         self._write_raw("\n")
         self.delivery = Delivery.SHOWN
 
@@ -150,7 +201,7 @@ class TerminalReply:
         if self._settings.show_thinking and frame.thinking and frame.thinking != self._thinking:
             new = _new_part(self._thinking, frame.thinking)
             self._start("thinking", fresh=not frame.thinking.startswith(self._thinking))
-            self._write_raw(self._dimmed(new))
+            self._write_raw(self._dimmed(printable(new)))
             self._thinking = frame.thinking
         if self._settings.show_tools and frame.activity and frame.activity != self._activity:
             self._start("activity", fresh=True)
@@ -158,7 +209,7 @@ class TerminalReply:
         self._activity = frame.activity
         if frame.text != self._text:
             self._start("text", fresh=not frame.text.startswith(self._text))
-            self._write_raw(_new_part(self._text, frame.text))
+            self._write_raw(printable(_new_part(self._text, frame.text)))
             self._text = frame.text
 
     def _start(self, section: str, *, fresh: bool = False) -> None:
@@ -172,6 +223,17 @@ class TerminalReply:
 
 def _new_part(shown: str, whole: str) -> str:
     return whole[len(shown) :] if whole.startswith(shown) else whole
+
+
+def printable(text: str) -> str:
+    """`text` with every control character but newline and tab shown as ^X (ESC as ^[), so
+    model output cannot move the cursor, recolour the terminal or rename its window."""
+    return "".join(
+        f"^{chr((ord(char) + 64) % 128)}"
+        if (ord(char) < 32 and char not in KEPT_CONTROLS) or 127 <= ord(char) < 160
+        else char
+        for char in text
+    )
 
 
 async def stdin_lines(stream: TextIO = sys.stdin) -> AsyncIterator[str]:

@@ -50,7 +50,7 @@ class Keyboard:
 
 
 def terminal(screen: Screen, keyboard: Keyboard, **settings: bool) -> TerminalChannel:
-    return TerminalChannel(
+    return TerminalChannel.plain(
         keyboard.lines(), screen, TerminalSettings(frame_interval=0, **settings), color=False
     )
 
