@@ -22,6 +22,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol, TextIO
 
+from channels.places import TerminalPlace
 from channels.settings import TerminalSettings
 from core.channel import (
     ChannelMessage,
@@ -55,12 +56,12 @@ class Console(Protocol):
 
 
 class TerminalChannel:
-    platform = "terminal"
+    platform = TerminalPlace.platform
 
     def __init__(self, console: Console, settings: TerminalSettings) -> None:
         self.console = console
         self.traits = ChannelTraits(frame_interval=settings.frame_interval)
-        self.place = f"terminal:{settings.session}"
+        self.place = TerminalPlace(settings.session).key
         self._run_id = uuid.uuid4().hex[:12]
         self._reader: asyncio.Task[None] | None = None
         self._stopping = False
