@@ -32,13 +32,14 @@ async def ollama() -> AsyncIterator[FakeOllama]:
 
 
 @pytest.fixture
-def model_settings(ollama: FakeOllama) -> ModelSettings:
+def model_settings(ollama: FakeOllama, request: pytest.FixtureRequest) -> ModelSettings:
+    slots = request.node.get_closest_marker("model_slots")
     return ModelSettings(
         url=ollama.url,
         connect_timeout=2.0,
         first_chunk_timeout=5.0,
         idle_timeout=5.0,
-        max_concurrent_requests=8,
+        max_concurrent_requests=slots.args[0] if slots else 8,
     )
 
 

@@ -7,6 +7,8 @@ tests/channels/platforms.py for how each platform is set up and read.
 import asyncio
 from itertools import pairwise
 
+import pytest
+
 from core.channel import Delivery, Frame, Outcome, Reply
 from tests.channels.platforms import ANN, BOB, MALLORY, POOL_SIZE, Platform
 from tests.fakes.ollama import ChunkDelay, Pause, Text
@@ -143,6 +145,29 @@ async def test_a_strangers_press_stops_nothing(platform: Platform) -> None:
     )
     assert not platform.has_stop_button(ANN), "a finished reply has no Stop button"
     assert (await platform.bot.turns(platform.place(ANN)))[-1].status == Outcome.DONE.value
+
+
+@pytest.mark.model_slots(1)
+async def test_a_reply_waiting_for_a_model_slot_says_how_many_are_ahead(
+    platform: Platform,
+) -> None:
+    ollama = platform.bot.ollama
+    ollama.script(Pause("ann"), Text("Ann's answer."))
+    ollama.script(Text("Bob's answer."))
+
+    platform.say(ANN, "first")
+    await platform.wait_until(lambda: ollama.requests, "Ann's request at the model")
+    platform.say(BOB, "second")
+    await platform.wait_until(
+        lambda: any(
+            "waiting for the model: 1 request ahead" in text for text in platform.shown(BOB)
+        ),
+        "Bob told what his reply waits for",
+    )
+    ollama.release("ann")
+
+    await platform.wait_until(lambda: platform.shown(BOB) == ["Bob's answer."], "Bob's answer")
+    assert platform.shown(ANN) == ["Ann's answer."]
 
 
 async def test_a_duplicate_delivery_is_answered_once(platform: Platform) -> None:
