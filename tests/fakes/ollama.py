@@ -7,6 +7,12 @@ tool calls, pauses, errors, broken connections); ``reached``/``release`` and ``s
 tests handshakes instead of sleeps. Scripts are compiled into chunk messages once, when queued,
 so a stream costs one ``json.dumps`` and one write per chunk: ``python -m tests.fakes.ollama``
 serves the same app on its own for benchmarks that drive many concurrent streams through it.
+
+``/api/show`` reports a context length per model, and every chat request's prompt is sized by
+``prompt_tokens``, a fixed rule of 3 characters a token that deliberately differs from a client's
+own estimate, so tests can check that a client measures its prompts against the server's counts
+(with ``count_prompts``) and keeps them under ``num_ctx``. Like real Ollama, the fake still
+answers a prompt that overflows ``num_ctx`` (Ollama truncates it silently); ``prompts`` records it.
 """
 
 from __future__ import annotations
@@ -16,10 +22,11 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, NoReturn, Self
 
@@ -29,6 +36,11 @@ BENCHMARK_REPLY = (
     "Kaiwa benchmark reply: the quick brown fox jumps over the lazy dog, then streams on, "
     "one small piece at a time, until every chunk has reached the client and the reply is done."
 )
+DEFAULT_CONTEXT_LENGTH = 40960  # what /api/show reports for a model not in context_lengths
+ARCHITECTURE = "qwen3"  # every model's, so /api/show names its "qwen3.context_length"
+_CHARS_PER_TOKEN = 3
+_MESSAGE_OVERHEAD_TOKENS = 4
+_MODIFIED_AT = "2025-01-01T00:00:00Z"
 
 
 @dataclass(frozen=True)
@@ -117,6 +129,54 @@ class _Plan:
     body: tuple[_Message | ChunkDelay | Pause, ...]
     end: _End
     error: HttpError | None = None
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The size of one ``/api/chat`` request's prompt, and the context it asked for."""
+
+    tokens: int
+    num_ctx: int | None
+
+    @property
+    def overflows(self) -> bool:
+        """Real Ollama would have truncated this prompt to fit ``num_ctx``."""
+        return self.num_ctx is not None and self.tokens > self.num_ctx
+
+
+def _tokens(text: str) -> int:
+    return math.ceil(len(text) / _CHARS_PER_TOKEN)
+
+
+def _json_tokens(value: Any) -> int:
+    return _tokens(json.dumps(value, sort_keys=True))
+
+
+def prompt_tokens(body: Mapping[str, Any]) -> int:
+    """The fake's token count for a ``/api/chat`` body: 3 characters a token, rounded up.
+
+    Each message costs its content plus 4, and each tool call in it its ``function`` as sorted
+    JSON; the ``tools`` offered cost their sorted JSON too.
+    """
+    total = 0
+    for message in body.get("messages") or ():
+        total += _tokens(message.get("content") or "") + _MESSAGE_OVERHEAD_TOKENS
+        total += sum(_json_tokens(call["function"]) for call in message.get("tool_calls") or ())
+    if body.get("tools"):
+        total += _json_tokens(body["tools"])
+    return total
+
+
+def _prompt(body: Mapping[str, Any]) -> Prompt:
+    options = body.get("options") or {}
+    return Prompt(tokens=prompt_tokens(body), num_ctx=options.get("num_ctx"))
+
+
+def _counted(plan: _Plan, tokens: int) -> _Plan:
+    """``plan`` with its final chunk reporting ``tokens`` as the prompt's size."""
+    if not isinstance(plan.end, Done):
+        return plan
+    return replace(plan, end=replace(plan.end, prompt_tokens=tokens))
 
 
 @dataclass
@@ -228,7 +288,7 @@ def _model_entry(name: str) -> dict[str, Any]:
     return {
         "name": name,
         "model": name,
-        "modified_at": "2025-01-01T00:00:00Z",
+        "modified_at": _MODIFIED_AT,
         "size": 2_500_000_000,
         "digest": hashlib.sha256(name.encode()).hexdigest(),
         "details": {
@@ -239,6 +299,22 @@ def _model_entry(name: str) -> dict[str, Any]:
             "parameter_size": "4.0B",
             "quantization_level": "Q4_K_M",
         },
+    }
+
+
+def _show_entry(name: str, context_length: int) -> dict[str, Any]:
+    return {
+        "modelfile": f"FROM {name}\n",
+        "parameters": "",
+        "template": "{{ .Prompt }}",
+        "details": _model_entry(name)["details"],
+        "model_info": {
+            "general.architecture": ARCHITECTURE,
+            "general.parameter_count": 4_000_000_000,
+            f"{ARCHITECTURE}.context_length": context_length,
+        },
+        "capabilities": ["completion", "tools"],
+        "modified_at": _MODIFIED_AT,
     }
 
 
@@ -263,11 +339,29 @@ async def _cut(request: web.Request, response: web.StreamResponse) -> None:
 
 
 class FakeOllama:
-    """An aiohttp server on 127.0.0.1 answering ``/api/chat`` from scripts and ``/api/tags``."""
+    """A fake Ollama on 127.0.0.1: scripted ``/api/chat``, plus ``/api/show`` and ``/api/tags``.
 
-    def __init__(self, models: Iterable[str] = ("test-model",)) -> None:
+    ``requests`` and ``prompts`` record every ``/api/chat`` request, index for index. With
+    ``count_prompts``, the final chunk's ``prompt_eval_count`` is ``prompt_tokens`` of the
+    request instead of the scripted ``Done.prompt_tokens``. ``show_error``, while set, is what
+    every ``/api/show`` answers. ``without_tools``, while set, answers every request that offers
+    no tools (a summary request, say), leaving the script for the others.
+    """
+
+    def __init__(
+        self,
+        models: Iterable[str] = ("test-model",),
+        context_lengths: Mapping[str, int] | None = None,
+        count_prompts: bool = False,
+    ) -> None:
         self.models: list[str] = list(models)
+        self.context_lengths: dict[str, int] = dict(context_lengths or {})
+        self.count_prompts = count_prompts
         self.requests: list[dict[str, Any]] = []
+        self.prompts: list[Prompt] = []
+        self.show_requests: list[str] = []
+        self.show_error: HttpError | None = None
+        self.without_tools = None
         self.tags_requests = 0
         self.url = ""
         self._queue: deque[_Plan] = deque()
@@ -287,6 +381,16 @@ class FakeOllama:
     def default(self, steps: Sequence[Step]) -> None:
         self._default = _compile(steps)
         self._default_steps = tuple(steps)
+
+    @property
+    def without_tools(self) -> Sequence[Step] | None:
+        """Steps served to every request that offers no tools, whatever is queued."""
+        return self._without_tools_steps
+
+    @without_tools.setter
+    def without_tools(self, steps: Sequence[Step] | None) -> None:
+        self._without_tools = None if steps is None else _compile(steps)
+        self._without_tools_steps = None if steps is None else tuple(steps)
 
     def script(self, *steps: Step) -> None:
         """Queue one response for the next ``/api/chat`` call (FIFO, one per request).
@@ -310,6 +414,7 @@ class FakeOllama:
     async def start(self, port: int = 0) -> None:
         app = web.Application()
         app.router.add_post("/api/chat", self._chat)
+        app.router.add_post("/api/show", self._show)
         app.router.add_get("/api/tags", self._tags)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -344,6 +449,16 @@ class FakeOllama:
         self.tags_requests += 1
         return web.json_response({"models": [_model_entry(name) for name in self.models]})
 
+    async def _show(self, request: web.Request) -> web.Response:
+        model = (await request.json()).get("model", "")
+        self.show_requests.append(model)
+        if self.show_error is not None:
+            return _error(self.show_error.status, self.show_error.message)
+        if model not in self.models:
+            return _error(404, f"model '{model}' not found")
+        context_length = self.context_lengths.get(model, DEFAULT_CONTEXT_LENGTH)
+        return web.json_response(_show_entry(model, context_length))
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         if self._closing:
             return _error(503, "server is shutting down")
@@ -357,11 +472,18 @@ class FakeOllama:
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        prompt = _prompt(body)
         self.requests.append(body)
+        self.prompts.append(prompt)
         model = body.get("model", "")
         if model not in self.models:
             return _error(404, f"model '{model}' not found")
-        plan = self._queue.popleft() if self._queue else self._default
+        if self._without_tools is not None and not body.get("tools"):
+            plan = self._without_tools
+        else:
+            plan = self._queue.popleft() if self._queue else self._default
+        if self.count_prompts:
+            plan = _counted(plan, prompt.tokens)
         if plan.error is not None:
             return _error(plan.error.status, plan.error.message)
         if body.get("stream", True):

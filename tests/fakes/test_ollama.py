@@ -7,6 +7,9 @@ What the real client raises (ollama 0.6.3, httpx 0.28), as these tests pin down:
 - ``Stall`` past the client's read timeout: ``httpx.ReadTimeout``, not wrapped either;
 - server down: builtin ``ConnectionError`` for ``stream=False`` but a bare ``httpx.ConnectError``
   for ``stream=True``, because the client's streaming path does not translate it.
+
+``AsyncClient.show`` exposes ``model_info`` as ``modelinfo``, where a client reads
+``<architecture>.context_length``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ollama import AsyncClient, ChatResponse, ResponseError
 
 from .ollama import (
     BENCHMARK_REPLY,
+    DEFAULT_CONTEXT_LENGTH,
     ChunkDelay,
     Cut,
     Done,
@@ -31,14 +35,21 @@ from .ollama import (
     FakeOllama,
     HttpError,
     Pause,
+    Prompt,
     Stall,
     Text,
     Thinking,
     ToolCall,
+    prompt_tokens,
 )
 
 MODEL = "test-model"
 HELLO = [{"role": "user", "content": "hello"}]
+HELLO_TOKENS = 6  # ceil(5 / 3) for "hello", plus 4 for the message
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {"name": "lookup", "description": "Look up.", "parameters": {}},
+}
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -168,12 +179,13 @@ async def test_non_streaming_reply_is_one_whole_message(
         Text("Hello ", chunks=2),
         Text("there."),
         ToolCall("lookup", {"q": "kaiwa"}),
-        Done(prompt_tokens=3, output_tokens=4),
+        Done(prompt_tokens=3, output_tokens=4, reason="length"),
     )
 
     reply = await chat_whole(client)
 
     assert reply.done is True
+    assert reply.done_reason == "length"
     assert reply.message.content == "Hello there."
     assert reply.message.thinking == "Hmm."
     assert reply.message.tool_calls is not None
@@ -196,11 +208,7 @@ async def test_scripts_are_consumed_fifo_then_default(
 
 
 async def test_requests_are_recorded_in_order(fake: FakeOllama, client: AsyncClient) -> None:
-    tool = {
-        "type": "function",
-        "function": {"name": "lookup", "description": "Look up.", "parameters": {}},
-    }
-    await stream_chat(client, tools=[tool], options={"temperature": 0.1})
+    await stream_chat(client, tools=[LOOKUP_TOOL], options={"temperature": 0.1})
     await chat_whole(client)
 
     first, second = fake.requests
@@ -242,6 +250,138 @@ async def test_unknown_model_is_404_and_keeps_the_script(
         assert raised.error == "model 'nope' not found"
     assert (await chat_whole(client, model="late-model")).message.content == "still queued"
     assert [request["model"] for request in fake.requests] == ["nope", "nope", "late-model"]
+
+
+async def test_show_reports_each_models_context_length() -> None:
+    async with (
+        FakeOllama(models=[MODEL, "qwen3:4b"], context_lengths={"qwen3:4b": 8192}) as fake,
+        AsyncClient(host=fake.url, timeout=5) as client,
+        asyncio.timeout(5),
+    ):
+        default = await client.show(MODEL)
+        named = await client.show("qwen3:4b")
+
+    assert default.modelinfo is not None and named.modelinfo is not None
+    assert default.modelinfo["general.architecture"] == "qwen3"
+    assert default.modelinfo["qwen3.context_length"] == DEFAULT_CONTEXT_LENGTH == 40960
+    assert named.modelinfo["qwen3.context_length"] == 8192
+    assert named.details is not None and named.details.family == "qwen3"
+    assert named.capabilities == ["completion", "tools"]
+    assert (named.template, named.parameters) == ("{{ .Prompt }}", "")
+    assert named.modelfile and named.modified_at
+    assert fake.show_requests == [MODEL, "qwen3:4b"]
+
+
+async def test_show_unknown_model_is_404(fake: FakeOllama, client: AsyncClient) -> None:
+    with pytest.raises(ResponseError) as raised:
+        async with asyncio.timeout(5):
+            await client.show("nope")
+
+    assert (raised.value.status_code, raised.value.error) == (404, "model 'nope' not found")
+    assert fake.show_requests == ["nope"]
+
+
+async def test_show_error_answers_every_show_until_cleared(
+    fake: FakeOllama, client: AsyncClient
+) -> None:
+    fake.show_error = HttpError(500, "show broke")
+
+    async with asyncio.timeout(5):
+        for _ in range(2):
+            with pytest.raises(ResponseError) as raised:
+                await client.show(MODEL)
+            assert (raised.value.status_code, raised.value.error) == (500, "show broke")
+        fake.show_error = None
+        shown = await client.show(MODEL)
+
+    assert shown.modelinfo is not None
+    assert shown.modelinfo["qwen3.context_length"] == DEFAULT_CONTEXT_LENGTH
+    assert fake.show_requests == [MODEL, MODEL, MODEL]
+
+
+def test_prompt_tokens_counts_three_characters_a_token() -> None:
+    body = {
+        "messages": [
+            {"role": "system", "content": "You are Kaiwa."},  # 5 + 4
+            {"role": "user", "content": "hello"},  # 2 + 4
+            {
+                "role": "assistant",
+                "content": "",  # 0 + 4, and 16 for the call's 47 characters of sorted JSON
+                "tool_calls": [{"function": {"name": "lookup", "arguments": {"q": "kaiwa"}}}],
+            },
+            {"role": "tool", "content": "found it"},  # 3 + 4
+        ],
+        "tools": [LOOKUP_TOOL],  # 99 characters of sorted JSON: 33
+    }
+
+    assert prompt_tokens(body) == 9 + 6 + 20 + 7 + 33
+    assert prompt_tokens({"messages": []}) == 0
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_counted_prompts_replace_the_scripted_count(stream: bool) -> None:
+    async with (
+        FakeOllama(count_prompts=True) as fake,
+        AsyncClient(host=fake.url, timeout=5) as client,
+    ):
+        fake.script(Text("hi"), Done(prompt_tokens=99, reason="length"))
+
+        reply = (await stream_chat(client))[-1] if stream else await chat_whole(client)
+
+    assert (reply.prompt_eval_count, reply.done_reason) == (HELLO_TOKENS, "length")
+
+
+async def test_counted_prompts_include_tool_calls_and_tools() -> None:
+    history = [
+        *HELLO,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "lookup", "arguments": {"q": "kaiwa"}}}],
+        },
+        {"role": "tool", "content": "found it"},
+    ]
+    async with (
+        FakeOllama(count_prompts=True) as fake,
+        AsyncClient(host=fake.url, timeout=5) as client,
+        asyncio.timeout(5),
+    ):
+        reply = await client.chat(model=MODEL, messages=history, tools=[LOOKUP_TOOL])
+
+    # 6 + 20 + 7 for the history; 39 for the tools, whose empty "parameters" the client sends
+    # as {"type": "object"}; the client also drops the assistant's empty content.
+    assert reply.prompt_eval_count == prompt_tokens(fake.requests[-1]) == 33 + 39
+    assert fake.prompts == [Prompt(tokens=72, num_ctx=None)]
+
+
+async def test_prompts_are_recorded_without_counting(fake: FakeOllama, client: AsyncClient) -> None:
+    await stream_chat(client)
+    reply = await chat_whole(client, options={"num_ctx": 4096})
+    with pytest.raises(ResponseError):
+        await chat_whole(client, model="nope")
+
+    assert reply.prompt_eval_count == Done().prompt_tokens
+    assert fake.prompts == [
+        Prompt(tokens=HELLO_TOKENS, num_ctx=None),
+        Prompt(tokens=HELLO_TOKENS, num_ctx=4096),
+        Prompt(tokens=HELLO_TOKENS, num_ctx=None),
+    ]
+    assert len(fake.prompts) == len(fake.requests)
+
+
+@pytest.mark.parametrize(
+    ("num_ctx", "overflows"),
+    [(None, False), (HELLO_TOKENS, False), (HELLO_TOKENS - 1, True)],
+)
+async def test_a_prompt_over_num_ctx_is_still_answered(
+    fake: FakeOllama, client: AsyncClient, num_ctx: int | None, overflows: bool
+) -> None:
+    options = {} if num_ctx is None else {"num_ctx": num_ctx}
+
+    reply = await chat_whole(client, options=options)
+
+    assert reply.message.content == "ok"
+    assert fake.prompts[-1].overflows is overflows
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -440,3 +580,15 @@ async def test_command_line_server_for_benchmarks() -> None:
 
     assert len(contents(chunks)) == 5
     assert "".join(c or "" for c in contents(chunks)) == BENCHMARK_REPLY
+
+
+async def test_requests_without_tools_can_be_answered_apart(
+    fake: FakeOllama, client: AsyncClient
+) -> None:
+    fake.script(Text("scripted"))
+    fake.without_tools = [Text("a summary")]
+
+    bare = await client.chat(model=MODEL, messages=HELLO)
+    tooled = await client.chat(model=MODEL, messages=HELLO, tools=[LOOKUP_TOOL])
+
+    assert (bare.message.content, tooled.message.content) == ("a summary", "scripted")
