@@ -18,10 +18,10 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import ollama
@@ -40,6 +40,7 @@ from core.messages import Usage
 from core.slots import RequestSlots
 from core.text import clean, clean_all, plural
 
+T = TypeVar("T")
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 DEFAULT_KEEP_ALIVE_SECONDS = 300.0
@@ -88,6 +89,7 @@ class ModelClient:
         self.settings = settings
         self._slots = RequestSlots(settings.max_concurrent_requests)
         self._keep_alive_seconds = keep_alive_seconds(settings.keep_alive)
+        self._context_lengths: dict[str, int | None] = {}
         self._warm: dict[str, float] = {}
         """When each model last answered: one that has not within `keep_alive` may be loading."""
         connections = settings.max_concurrent_requests
@@ -115,9 +117,11 @@ class ModelClient:
         tools: Sequence[dict[str, Any]] = (),
         think: bool | None = None,
         on_status: StatusCallback = _no_status,
+        options: dict[str, Any] | None = None,
     ) -> ModelReply:
         """Stream one reply into `reply`, calling `on_chunk` for each piece; raise a
-        `ModelError` on failure. Returns `reply`, complete with its usage. Until the first
+        `ModelError` on failure. Returns `reply`, complete with its usage. `options` are
+        Ollama's (`num_ctx`, `num_predict`, ...). Until the first
         piece, `on_status` hears what the request waits for: a slot ("waiting for the model: 2
         requests ahead"), then, if the first piece is slow to come, the model ("loading
         qwen3:4b…" when it has not answered within its keep-alive, else "waiting for
@@ -143,7 +147,9 @@ class ModelClient:
 
             try:
                 with self._errors_mapped(model):
-                    answered = await self._stream(model, messages, reply, shown, tools, think)
+                    answered = await self._stream(
+                        model, messages, reply, shown, tools, think, options
+                    )
             finally:
                 slow.cancel()
             self._warm[model] = time.monotonic()
@@ -161,6 +167,7 @@ class ModelClient:
         on_chunk: ChunkCallback,
         tools: Sequence[dict[str, Any]],
         think: bool | None,
+        options: dict[str, Any] | None,
     ) -> ModelReply:
         started = time.monotonic()
         final: ollama.ChatResponse | None = None
@@ -171,6 +178,7 @@ class ModelClient:
             think=think,
             stream=True,
             keep_alive=self.settings.keep_alive,
+            options=options,
         )
         deadline = SlidingDeadline(self.settings.first_chunk_timeout, self.settings.idle_timeout)
         try:
@@ -248,17 +256,34 @@ class ModelClient:
 
     async def list_models(self) -> list[str]:
         """Names of the models Ollama has pulled (`GET /api/tags`)."""
+        listing = await self._quick(self._client.list(), "")
+        return [entry.model for entry in listing.models if entry.model]
+
+    async def context_length(self, model: str) -> int | None:
+        """The longest context `model` was trained for (`<architecture>.context_length` from
+        `POST /api/show`), asked once per model; None if Ollama does not say."""
+        if model not in self._context_lengths:
+            shown = await self._quick(self._client.show(model), model)
+            lengths = [
+                value
+                for key, value in (shown.modelinfo or {}).items()
+                if key.endswith(".context_length") and isinstance(value, int)
+            ]
+            self._context_lengths[model] = lengths[0] if lengths else None
+        return self._context_lengths[model]
+
+    async def _quick(self, request: Awaitable[T], model: str) -> T:
+        """A short request (not a chat): errors mapped, and an answer within a few seconds."""
         limit = self.settings.connect_timeout * 2
         try:
-            with self._errors_mapped(""):
+            with self._errors_mapped(model):
                 async with asyncio.timeout(limit):
-                    listing = await self._client.list()
+                    return await request
         except TimeoutError as exc:
             raise ModelUnreachable(
                 f"Ollama at {self.settings.url} did not answer within {limit:g} s; check that it "
                 "is running and that [ollama].url points at it"
             ) from exc
-        return [entry.model for entry in listing.models if entry.model]
 
 
 def _absorb(part: ollama.ChatResponse, reply: ModelReply, on_chunk: ChunkCallback) -> None:
