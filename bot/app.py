@@ -27,6 +27,7 @@ from channels.settings import DiscordSettings, SlackSettings
 from channels.terminal import TerminalChannel, stdin_lines
 from core.channel import Channel
 from core.dispatcher import AccessRules, Allowed, Dispatcher
+from core.errors import ModelError
 from core.model import ModelClient
 from core.recovery import Leftovers, Recovery, leftovers
 from core.store import Store
@@ -61,6 +62,7 @@ def turn_settings(config: Config) -> TurnSettings:
         think=agent.think,
         max_iterations=agent.max_iterations,
         images=agent.images,
+        context_window=agent.context_window,
     )
     for other, spec in config.agents.items():
         registry.select(spec.tools, config_key=f"agents.{other}.tools")
@@ -68,6 +70,7 @@ def turn_settings(config: Config) -> TurnSettings:
         agent=profile,
         tool_timeout=config.limits.tool_timeout,
         max_cached_conversations=config.limits.max_cached_conversations,
+        context=config.context,
     )
 
 
@@ -84,6 +87,7 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
     adapters = _adapters(config, TerminalIO(lines=_no_lines()))
     try:
         problems = await find_problems(config, model, adapters)
+        windows = [] if problems else await context_windows(config, model)
     finally:
         await model.close()
         for adapter in adapters:
@@ -95,7 +99,27 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
         names = ", ".join(adapter.platform for adapter in adapters)
         output.write(f"ok: Ollama at {config.ollama.url} is reachable and has {models}\n")
         output.write(f"ok: channels ready: {names or 'none'}\n")
+        output.writelines(f"context window: {line}\n" for line in windows)
     return 1 if problems else 0
+
+
+async def context_windows(config: Config, model: ModelClient) -> list[str]:
+    """Each agent's context window, and where it comes from."""
+    lines = []
+    for name, agent in config.agents.items():
+        if agent.context_window:
+            lines.append(f"{name}: {agent.context_window:,} tokens (agents.{name}.context_window)")
+            continue
+        try:
+            length = await model.context_length(agent.model)
+        except ModelError as exc:
+            length, why = None, f"the model's own length is unknown: {exc}"
+        else:
+            why = f"{agent.model} takes up to {length:,}" if length else "the model does not say"
+        ceiling = config.context.max_window
+        window = config.context.window(0, length)
+        lines.append(f"{name}: {window:,} tokens ({why}; context.max_window is {ceiling:,})")
+    return lines
 
 
 async def status(config: Config, output: TextIO = sys.stdout) -> int:

@@ -31,6 +31,7 @@ from channels.settings import (
     TelegramSettings,
     TerminalSettings,
 )
+from core.context import ContextPolicy
 from core.errors import ConfigError
 from core.model import ModelSettings
 from core.store import StoreSettings
@@ -61,6 +62,7 @@ class AgentConfig:
     images: bool = False
     tools: list[str] = field(default_factory=lambda: ["current_time"])
     max_iterations: int = 10
+    context_window: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ class Config:
     ollama: ModelSettings = field(default_factory=ModelSettings)
     agents: dict[str, AgentConfig] = field(default_factory=lambda: {"assistant": AgentConfig()})
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    context: ContextPolicy = field(default_factory=ContextPolicy)
     storage: StorageConfig = field(default_factory=StorageConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     channels: ChannelsConfig = field(default_factory=ChannelsConfig)
@@ -236,6 +239,29 @@ def _kind(value: Any) -> str:
     )
 
 
+def _check_context(config: Config) -> None:
+    policy = config.context
+    if not 0 < policy.compact_at < 1:
+        raise ConfigError(
+            f"'context.compact_at' must be a share of the window between 0 and 1 (0.75 for "
+            f"75 %), got {policy.compact_at}"
+        )
+    if policy.answer_reserve * 2 > policy.max_window:
+        raise ConfigError(
+            f"'context.answer_reserve' ({policy.answer_reserve}) must be at most half of "
+            f"'context.max_window' ({policy.max_window})"
+        )
+    for name, agent in config.agents.items():
+        window = agent.context_window
+        if window < 0:
+            raise ConfigError(f"'agents.{name}.context_window' must be 0 or more, got {window}")
+        if window and window < policy.answer_reserve * 2:
+            raise ConfigError(
+                f"'agents.{name}.context_window' must be 0 (chosen for the model) or at least "
+                f"twice 'context.answer_reserve' ({policy.answer_reserve * 2} tokens), got {window}"
+            )
+
+
 def _checked(config: Config) -> Config:
     """Rules that span keys or bound values; each failure names the key."""
     if config.assistant.agent not in config.agents:
@@ -251,6 +277,8 @@ def _checked(config: Config) -> Config:
         "limits.max_message_chars": config.limits.max_message_chars,
         "limits.tool_timeout": config.limits.tool_timeout,
         "limits.max_cached_conversations": config.limits.max_cached_conversations,
+        "context.max_window": config.context.max_window,
+        "context.answer_reserve": config.context.answer_reserve,
         "storage.write_retry_seconds": config.storage.write_retry_seconds,
         "storage.connections": config.storage.connections,
         "logging.max_bytes": config.logging.max_bytes,
@@ -268,6 +296,7 @@ def _checked(config: Config) -> Config:
     for key, number in positive.items():
         if number <= 0:
             raise ConfigError(f"'{key}' must be greater than 0, got {number}")
+    _check_context(config)
     if config.channels.slack.mode not in SLACK_MODES:
         raise ConfigError(
             f"'channels.slack.mode' must be one of {', '.join(SLACK_MODES)}, "

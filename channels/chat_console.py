@@ -39,6 +39,7 @@ from prompt_toolkit.styles import Style
 from rich.console import Console as RichConsole
 from rich.markdown import Markdown
 
+from channels.rendering import MARKS
 from channels.settings import TerminalSettings
 from channels.terminal import printable
 from core.channel import Delivery, Frame, Outcome
@@ -48,10 +49,6 @@ logger = logging.getLogger(__name__)
 PROMPT = "you> "
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 REFRESH_SECONDS = 0.1
-MARKS = {
-    Outcome.STOPPED: "(stopped)",
-    Outcome.INTERRUPTED: "(interrupted by a restart)",
-}
 STYLE = Style.from_dict({"dim": "#888888", "spinner": "#888888 bold", "prompt": "bold"})
 FENCE = re.compile(r"^\s*(```|~~~)")
 

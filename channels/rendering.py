@@ -46,8 +46,12 @@ from core.channel import Delivery, Frame, Outcome
 
 logger = logging.getLogger(__name__)
 
-STOPPED_MARK = "(stopped)"
-INTERRUPTED_MARK = "(interrupted by a restart)"
+MARKS = {
+    Outcome.STOPPED: "(stopped)",
+    Outcome.INTERRUPTED: "(interrupted by a restart)",
+    Outcome.CUT: "(cut at the length limit)",
+}
+"""How a reply that did not end as the model meant shows it, after its text."""
 TYPING_REFRESH_SECONDS = 4.0
 TYPING_GIVE_UP_SECONDS = 300.0
 FINAL_EDIT_SECONDS = 300.0
@@ -304,10 +308,8 @@ async def send_notice(transport: Transport, text: str, seconds: float = FINAL_ED
 
 def final_text(text: str, outcome: Outcome, note: str | None) -> str:
     """The reply's last form: the answer, then the stop mark or the failure reason."""
-    if outcome is Outcome.STOPPED:
-        return _marked(text, STOPPED_MARK)
-    if outcome is Outcome.INTERRUPTED:
-        return _marked(text, INTERRUPTED_MARK)
+    if outcome in MARKS:
+        return _marked(text, MARKS[outcome])
     if outcome is Outcome.FAILED:
         reason = f"⚠️ {note}" if note else "⚠️ the reply failed"
         return f"{text}\n\n{reason}" if text else reason

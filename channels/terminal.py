@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol, TextIO
 
 from channels.places import TerminalPlace
+from channels.rendering import MARKS
 from channels.settings import TerminalSettings
 from core.channel import (
     ChannelMessage,
@@ -189,10 +190,8 @@ class TerminalReply:
         self._show(Frame(text))
         if self._section is None:
             self._start("text")
-        if outcome is Outcome.STOPPED:
-            self._write_raw(self._dimmed(" (stopped)"))
-        elif outcome is Outcome.INTERRUPTED:
-            self._write_raw(self._dimmed(" (interrupted by a restart)"))
+        if outcome in MARKS:
+            self._write_raw(self._dimmed(f" {MARKS[outcome]}"))
         elif outcome is Outcome.FAILED:
             self._write_raw(("\n" if self._text else "") + f"[failed] {printable(note or '')}")
         self._write_raw("\n")

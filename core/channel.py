@@ -49,6 +49,9 @@ class Outcome(StrEnum):
     FAILED = "failed"
     INTERRUPTED = "interrupted"
     """Kaiwa restarted in the middle of it: shown ending with "(interrupted by a restart)"."""
+    CUT = "cut"
+    """The answer reached the model's output limit: shown ending with "(cut at the length
+    limit)"."""
 
 
 class Delivery(StrEnum):

@@ -12,16 +12,19 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from core.channel import Channel, ChannelMessage
+from core.context import Compaction
+from core.errors import StoreError
 from core.store import Store
 from core.tables import Turn
 from core.text import plural
-from core.turns import StopReport, TurnRunner
+from core.turns import ContextReport, ConversationBusy, StopReport, TurnRunner
 
 COMMAND_PREFIXES = ("/", "!")
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("stop", "stop the reply being written and drop queued messages"),
     ("new", "start a fresh conversation here"),
-    ("usage", "model calls, tokens and seconds of this conversation"),
+    ("usage", "model calls, tokens, seconds and context of this conversation"),
+    ("compact", "summarize this conversation's older messages now, to free its context"),
     ("help", "list the commands"),
 )
 """Every command and its one-line summary, for /help and for platforms' command menus."""
@@ -55,6 +58,7 @@ class Commands:
             "stop": self._stop,
             "new": self._new,
             "usage": self._usage,
+            "compact": self._compact,
             "help": self._help,
         }
         self._handlers = {name: (handlers[name], summary) for name, summary in COMMANDS}
@@ -77,7 +81,19 @@ class Commands:
     async def _usage(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
         conversation = await self._store.active_conversation(message.place)
         turns = await self._store.turns(conversation.id) if conversation and conversation.id else []
-        await channel.notify(message.place, describe_usage(turns))
+        context = await self._runner.context_report(message.place) if turns else None
+        await channel.notify(message.place, describe_usage(turns, context))
+
+    async def _compact(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
+        try:
+            compaction = await self._runner.compact(message.place)
+        except ConversationBusy:
+            answer = "A reply is being written here; send /compact once it is done (or /stop it)."
+        except StoreError as exc:
+            answer = f"I could not compact this conversation: {exc.plainly}. Try again in a minute."
+        else:
+            answer = describe_compaction(compaction)
+        await channel.notify(message.place, answer)
 
     async def _help(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
         lines = [f"/{name}: {summary}" for name, (_, summary) in self._handlers.items()]
@@ -105,7 +121,28 @@ def describe_stop(report: StopReport) -> str:
     return " ".join(parts)
 
 
-def describe_usage(turns: Sequence[Turn]) -> str:
+def describe_compaction(compaction: Compaction | None) -> str:
+    if compaction is None:
+        return "Nothing to compact: this conversation is still short."
+    sizes = f"about {compaction.tokens_before:,} → {compaction.tokens_after:,} tokens"
+    if compaction.method == "dropped":
+        return (
+            "The summary could not be written (the log says why), so the older messages were "
+            f"left out of the model's context instead; they stay stored ({sizes})."
+        )
+    return f"Compacted: the older messages are now a summary ({sizes})."
+
+
+def describe_context(context: ContextReport) -> str:
+    share = round(100 * context.tokens / context.window)
+    compactions = f"{context.compactions} {plural(context.compactions, 'compaction')} so far"
+    return (
+        f"Context: about {context.tokens:,} of {context.window:,} tokens ({share} %); "
+        f"{compactions}."
+    )
+
+
+def describe_usage(turns: Sequence[Turn], context: ContextReport | None = None) -> str:
     if not turns:
         return "No turns in this conversation yet."
     lines = [f"Usage of this conversation ({len(turns)} {plural(len(turns), 'turn')}):"]
@@ -124,6 +161,8 @@ def describe_usage(turns: Sequence[Turn]) -> str:
             sum(t.model_seconds for t in turns),
         )
     )
+    if context is not None:
+        lines.append(describe_context(context))
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ CUT_OFF = {
     "stopped": "[This reply was cut off here: the person stopped it.]",
     "failed": "[This reply was cut off here by an error.]",
     "interrupted": "[This reply was cut off here: Kaiwa restarted.]",
+    "cut": "[This reply was cut off here: it reached the output length limit.]",
 }
 INTERRUPTED_TOOL = (
     "Kaiwa restarted while '{name}' was running, so its result is unknown. Do not assume it "
@@ -27,34 +28,52 @@ INTERRUPTED_TOOL = (
 )
 
 
+MessageKey = tuple[int | None, int]
+"""Where a model-facing message is stored: its turn and its place in the turn (`seq`)."""
+
+
 def history_wire(
     rows: Sequence[Message], endings: Mapping[int, str] | None = None
 ) -> list[dict[str, Any]]:
     """`rows` (a conversation's messages, in order) in the shape Ollama's chat endpoint takes.
-    `endings` maps a turn to how it ended (`done`, `stopped`, `failed`, `interrupted`, or
-    `running` while it runs); a partial message of a turn not known to have stopped or failed
-    counts as interrupted."""
+    `endings` maps a turn to how it ended (`done`, `stopped`, `failed`, `interrupted`, `cut`,
+    or `running` while it runs); a partial message of a turn not known to have stopped, failed
+    or been cut counts as interrupted."""
+    return [wire for wire, _ in history_entries(rows, endings)]
+
+
+def history_entries(
+    rows: Sequence[Message], endings: Mapping[int, str] | None = None
+) -> list[tuple[dict[str, Any], MessageKey]]:
+    """`history_wire`, each message with where it is stored (a result added for a call left
+    without one is keyed as its call's message)."""
     endings = endings or {}
-    wire: list[dict[str, Any]] = []
+    entries: list[tuple[dict[str, Any], MessageKey]] = []
     asked: list[dict[str, Any]] = []  # the tool calls of the last assistant message
-    answered: dict[str, dict[str, Any]] = {}  # their results so far, by call id
+    asked_by: MessageKey = (None, 0)
+    answered: dict[str, tuple[dict[str, Any], MessageKey]] = {}  # their results, by call id
     for row in rows:
+        key = (row.turn_id, row.seq or 0)
         if row.role == "tool" and row.tool_call_id in {call["id"] for call in asked}:
-            answered[row.tool_call_id] = message_wire(row)
+            answered[row.tool_call_id] = (message_wire(row), key)
             continue
-        wire += _results(asked, answered)
+        entries += _results(asked, answered, asked_by)
         asked, answered = [], {}
-        wire.append(message_wire(row, endings.get(row.turn_id or 0)))
+        entries.append((message_wire(row, endings.get(row.turn_id or 0)), key))
         if row.role == "assistant" and row.tool_calls:
-            asked = row.tool_calls
-    return wire + _results(asked, answered)
+            asked, asked_by = row.tool_calls, key
+    return entries + _results(asked, answered, asked_by)
 
 
 def _results(
-    asked: list[dict[str, Any]], answered: dict[str, dict[str, Any]]
-) -> list[dict[str, Any]]:
+    asked: list[dict[str, Any]],
+    answered: dict[str, tuple[dict[str, Any], MessageKey]],
+    asked_by: MessageKey,
+) -> list[tuple[dict[str, Any], MessageKey]]:
     """One result for each call, in the order the model asked for them."""
-    return [answered.get(call["id"]) or interrupted_result(call["name"]) for call in asked]
+    return [
+        answered.get(call["id"]) or (interrupted_result(call["name"]), asked_by) for call in asked
+    ]
 
 
 def message_wire(row: Message, ending: str | None = None) -> dict[str, Any]:

@@ -13,7 +13,11 @@ Contracts (ARCHITECTURE.md, "The agent loop's contracts"; each guarded in tests/
 - at most `max_iterations` model calls; an empty reply gets one nudge (counted); a cap reached
   with tool calls pending gets one more call without tools (not counted); nothing at all raises
   `DegenerateTurn`;
-- a sink that raises is logged and ignored: observers never change the outcome.
+- a sink that raises is logged and ignored: observers never change the outcome;
+- with a `Compactor`, every model call is a safe point: before it (every tool call has its
+  result by then) the request is fitted to the window, and every request carries `num_ctx`;
+- an answer the model ended at its output limit (`done_reason` "length") is kept as partial and
+  the result says it was cut.
 """
 
 import asyncio
@@ -23,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from core.context import Compactor
 from core.errors import DegenerateTurn
 from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, Usage
 from core.model import ChunkCallback, ModelReply, StatusCallback
@@ -50,6 +55,7 @@ class ChatModel(Protocol):
         tools: Sequence[dict[str, Any]] = (),
         think: bool | None = None,
         on_status: StatusCallback = ...,
+        options: dict[str, Any] | None = None,
     ) -> ModelReply: ...
 
 
@@ -85,6 +91,8 @@ class LoopResult:
     answer: AssistantMessage
     model_calls: int
     wrapped_up: bool
+    cut: bool = False
+    """The answer ended at the model's output limit."""
 
 
 class AgentLoop:
@@ -94,11 +102,13 @@ class AgentLoop:
         tools: Mapping[str, Tool],
         sink: LoopSink,
         settings: LoopSettings,
+        context: Compactor | None = None,
     ) -> None:
         self._model = model
         self._tools = tools
         self._sink = sink
         self._settings = settings
+        self._context = context
         self._call_count = 0
 
     async def run(self, messages: list[dict[str, Any]]) -> LoopResult:
@@ -114,7 +124,7 @@ class AgentLoop:
                 await self._run_tools(message.tool_calls, messages)
                 continue
             if message.text.strip():
-                return LoopResult(message, model_calls, wrapped_up=False)
+                return LoopResult(message, model_calls, wrapped_up=False, cut=message.partial)
             if nudged:
                 raise DegenerateTurn(
                     f"{self._settings.model} gave an empty reply again after a nudge; try "
@@ -137,7 +147,9 @@ class AgentLoop:
                 "this turn and then gave no answer; ask for less at once, or raise "
                 f"[agents.{self._settings.agent}].max_iterations"
             )
-        return LoopResult(message, self._settings.max_iterations, wrapped_up=True)
+        return LoopResult(
+            message, self._settings.max_iterations, wrapped_up=True, cut=message.partial
+        )
 
     async def _call_model(
         self,
@@ -147,8 +159,10 @@ class AgentLoop:
         with_tools: bool,
     ) -> AssistantMessage:
         streamed = ModelReply()
-        started = time.monotonic()
         schemas = [tool.schema() for tool in self._tools.values()] if with_tools else []
+        if self._context is not None:
+            await self._context.fit(messages, extra, schemas, self._status)
+        started = time.monotonic()
         try:
             reply = await self._model.chat(
                 self._settings.model,
@@ -158,12 +172,16 @@ class AgentLoop:
                 tools=schemas,
                 think=self._settings.think,
                 on_status=self._status,
+                options=self._context.options if self._context is not None else None,
             )
         except BaseException as exc:
             usage = Usage(seconds=time.monotonic() - started)
             self._keep_partial(streamed, usage, messages, isinstance(exc, asyncio.CancelledError))
             raise
-        message = self._message_from(reply)
+        if self._context is not None:
+            self._context.reported(reply.usage.prompt_tokens)
+        cut = reply.done_reason == "length" and not reply.tool_calls
+        message = self._message_from(reply, partial=cut)
         self._record(reply.usage, message if message.text or message.tool_calls else None, messages)
         return message
 

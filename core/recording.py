@@ -30,7 +30,14 @@ from core.channel import Frame
 from core.errors import StoreError
 from core.loop import LoopSink
 from core.messages import AssistantMessage, ToolCall, ToolResult, Usage, UsageTotals
-from core.store import StartedTurn, Store, TurnMessage, TurnState, not_awaited
+from core.store import (
+    CompactionRecord,
+    StartedTurn,
+    Store,
+    TurnMessage,
+    TurnState,
+    not_awaited,
+)
 from core.tables import utc_now
 
 logger = logging.getLogger(__name__)
@@ -38,7 +45,7 @@ logger = logging.getLogger(__name__)
 PARAGRAPH = "\n\n"
 
 
-Write = tuple[list[tuple[int, TurnMessage]], TurnState | None]
+Write = tuple[list[tuple[int, TurnMessage]], TurnState | None, CompactionRecord | None]
 
 
 class TurnRecorder(LoopSink):
@@ -53,6 +60,8 @@ class TurnRecorder(LoopSink):
         self.usage = UsageTotals()
         self._seq = 1
         """The place in the turn of the assistant message being written."""
+        self.seqs: list[int] = []
+        """The place in the turn of each message the loop added to the history, in order."""
         self._said: list[str] = []
         self._text = ""
         self._thinking = ""
@@ -97,6 +106,7 @@ class TurnRecorder(LoopSink):
         if message is None:
             self._write(held, state=self._state())
             return
+        self.seqs.append(self._seq)
         if message.tool_calls:
             self._write([*held, (self._seq, message)], state=self._state())
         else:
@@ -115,8 +125,16 @@ class TurnRecorder(LoopSink):
         self.on_change()
 
     def tool_finished(self, result: ToolResult) -> None:
+        self.seqs.append(self._seq)
         self._write([(self._seq, result)])
         self._seq += 1
+
+    def compacted(self, compaction: CompactionRecord, calls: tuple[Usage, ...]) -> None:
+        """The history was compacted in this turn: its summary calls count as the turn's model
+        calls, and the compaction is stored with the turn's totals."""
+        for usage in calls:
+            self.usage.add(usage)
+        self._write([], state=self._state(), compaction=compaction)
 
     # -- display, saving, ending ---------------------------------------------------------------
 
@@ -153,7 +171,7 @@ class TurnRecorder(LoopSink):
         """After the notice: what the platform shows of the reply, if not the final text."""
         if self._ending is not None and self._settled:
             state = replace(self._ending, reply_ids=posted, delivery=delivery)
-            not_awaited(self._submit(([], state)), "recording what the platform shows")
+            not_awaited(self._submit(([], state, None)), "recording what the platform shows")
 
     def mark_unsaved(self, error: str) -> None:
         """The turn's records could not all be written: once the database is back, the turn
@@ -193,15 +211,19 @@ class TurnRecorder(LoopSink):
         return TurnState("running", self.usage, reply_ids=self._reply_ids)
 
     def _write(
-        self, messages: list[tuple[int, TurnMessage]], *, state: TurnState | None = None
+        self,
+        messages: list[tuple[int, TurnMessage]],
+        *,
+        state: TurnState | None = None,
+        compaction: CompactionRecord | None = None,
     ) -> None:
         if not messages and state is None:
             return
         if self._settled:
-            self._writes.append(self._submit((messages, state)))
+            self._writes.append(self._submit((messages, state, compaction)))
         else:  # queued the moment the turn's row is stored, in order
             placeholder = asyncio.get_running_loop().create_future()
-            self._held.append(((messages, state), placeholder))
+            self._held.append(((messages, state, compaction), placeholder))
             self._writes.append(placeholder)
 
     def _turn_stored(self, starting: "asyncio.Future[StartedTurn]") -> None:
@@ -220,13 +242,14 @@ class TurnRecorder(LoopSink):
             reason = self._starting.exception() if not self._starting.cancelled() else None
             failed.set_exception(reason or StoreError("the turn was not stored"))
             return failed
-        messages, state = write
+        messages, state, compaction = write
         try:
             call = self._store.record_turn(
                 self._started.conversation_id,
                 self._started.turn_id,
                 messages=messages,
                 state=state,
+                compaction=compaction,
             )
         except StoreError as exc:
             failed.set_exception(exc)

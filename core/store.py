@@ -62,7 +62,7 @@ from core.errors import StoreError
 from core.history import INTERRUPTED_TOOL, unanswered_calls
 from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, UsageTotals
 from core.schema import ensure_schema
-from core.tables import Conversation, InboundEvent, Message, Turn, utc_now
+from core.tables import Compaction, Conversation, InboundEvent, Message, Turn, utc_now
 from core.text import clean_all
 
 logger = logging.getLogger(__name__)
@@ -112,12 +112,32 @@ class Claim:
 
 @dataclass(frozen=True)
 class StoredConversation:
-    """A place's active conversation as the turn path reads it."""
+    """A place's active conversation as the turn path reads it: the messages the model is sent
+    (those after its latest compaction, whose summary comes first), and how each of their turns
+    ended."""
 
     conversation: Conversation | None
     messages: list[Message]
     endings: dict[int, str]
     """How each of its turns ended (its status), for `core.history`."""
+    compaction: Compaction | None = None
+    """The latest compaction (its summary stands for every message before `messages`)."""
+    turns: int = 0
+    """How many turns the conversation has had in all."""
+    compactions: int = 0
+
+
+@dataclass(frozen=True)
+class CompactionRecord:
+    """A compaction to store; `first_kept_turn_id` None means the turn that records it."""
+
+    first_kept_turn_id: int | None
+    first_kept_seq: int
+    summary: str
+    method: str
+    tokens_before: int
+    tokens_after: int
+    usage: UsageTotals = field(default_factory=UsageTotals)
 
 
 @dataclass(frozen=True)
@@ -353,9 +373,20 @@ class Store:
             conversation = _active_conversation(connection, place)
             if conversation is None or conversation.id is None:
                 return StoredConversation(None, [], {})
-            messages = _of_conversation(connection, Message, conversation.id)
-            endings = dict(connection.execute(_endings_statement(), {"id": conversation.id}).all())
-            return StoredConversation(conversation, messages, endings)
+            key = {"id": conversation.id}
+            latest = _rows(connection, Compaction, _latest_compaction_statement(), **key)
+            compaction = latest[0] if latest else None
+            since = (
+                {"turn": compaction.first_kept_turn_id, "seq": compaction.first_kept_seq}
+                if compaction
+                else {"turn": 0, "seq": 0}
+            )
+            messages = _rows(connection, Message, _messages_since_statement(), **key, **since)
+            endings = dict(connection.execute(_endings_statement(), key | since).all())
+            turns, compactions = connection.execute(_counts_statement(), key).one()
+            return StoredConversation(
+                conversation, messages, endings, compaction, turns, compactions
+            )
 
         # Reads that need no transaction: the caller holds the conversation's gate.
         return self._call(run, autocommit=True)
@@ -406,11 +437,13 @@ class Store:
         *,
         messages: Sequence[tuple[int, TurnMessage]] = (),
         state: TurnState | None = None,
+        compaction: CompactionRecord | None = None,
         durable: bool = False,
     ) -> Awaitable[None]:
         """Save the turn's messages (each by its `seq` in the turn, so saving one again
-        replaces it) and its state, in one transaction. `durable`: keep trying through an outage
-        for as long as the store is open (a turn's ending must not stay `running`)."""
+        replaces it), a compaction made in it, and its state, in one transaction. `durable`:
+        keep trying through an outage for as long as the store is open (a turn's ending must
+        not stay `running`)."""
         now = utc_now()
         rows = [
             _fit(Message, _message_row(conversation_id, turn_id, seq, message, now))
@@ -418,14 +451,34 @@ class Store:
         ]
         values = None if state is None else _state_values(state)
         upsert = _upsert_message_statement(self._dialect)
+        compacted = (
+            None if compaction is None else _compaction_row(conversation_id, turn_id, compaction)
+        )
 
         def run(connection: Connection) -> None:
             if rows:
                 connection.execute(upsert, rows)  # one statement, however many rows
+            if compacted is not None:
+                connection.execute(insert(Compaction.__table__), compacted)  # type: ignore[attr-defined]
             if values is not None:
                 _updater(Turn, turn_id, values)(connection)
 
         return self._call(run, key=turn_id, durable=durable)
+
+    def record_compaction(
+        self, conversation_id: int, compaction: CompactionRecord
+    ) -> Awaitable[None]:
+        """Store a compaction made outside any turn (`/compact`)."""
+        row = _compaction_row(conversation_id, None, compaction)
+        return self._call(
+            lambda connection: connection.execute(insert(Compaction.__table__), row)  # type: ignore[attr-defined]
+        )
+
+    def compactions(self, conversation_id: int) -> Awaitable[list[Compaction]]:
+        return self._call(
+            lambda connection: _of_conversation(connection, Compaction, conversation_id),
+            autocommit=True,
+        )
 
     def turns(self, conversation_id: int) -> Awaitable[list[Turn]]:
         return self._call(
@@ -620,6 +673,27 @@ def _message_row(
     }
 
 
+def _compaction_row(
+    conversation_id: int, turn_id: int | None, compaction: CompactionRecord
+) -> dict[str, Any]:
+    first_kept_turn = compaction.first_kept_turn_id
+    return _fit(
+        Compaction,
+        {
+            "conversation_id": conversation_id,
+            "turn_id": turn_id,
+            "first_kept_turn_id": turn_id if first_kept_turn is None else first_kept_turn,
+            "first_kept_seq": compaction.first_kept_seq,
+            "summary": compaction.summary,
+            "method": compaction.method,
+            "tokens_before": compaction.tokens_before,
+            "tokens_after": compaction.tokens_after,
+            **_usage_values(compaction.usage),
+            "created_at": utc_now(),
+        },
+    )
+
+
 def _message_defaults(now: datetime) -> dict[str, Any]:
     return {
         "text": "",
@@ -768,7 +842,47 @@ def _earlier_claim_statement() -> Executable:
 @cache
 def _endings_statement() -> Executable:
     turns = Turn.__table__  # type: ignore[attr-defined]
-    return select(turns.c.id, turns.c.status).where(turns.c.conversation_id == bindparam("id"))
+    return select(turns.c.id, turns.c.status).where(
+        turns.c.conversation_id == bindparam("id"), turns.c.id >= bindparam("turn")
+    )
+
+
+@cache
+def _latest_compaction_statement() -> Executable:
+    table = Compaction.__table__  # type: ignore[attr-defined]
+    return (
+        select(table)
+        .where(table.c.conversation_id == bindparam("id"))
+        .order_by(table.c.id.desc())
+        .limit(1)
+    )
+
+
+@cache
+def _messages_since_statement() -> Executable:
+    """A conversation's messages from (turn, seq) on, in order."""
+    table = Message.__table__  # type: ignore[attr-defined]
+    turn, seq = bindparam("turn"), bindparam("seq")
+    return (
+        select(table)
+        .where(
+            table.c.conversation_id == bindparam("id"),
+            (table.c.turn_id > turn) | ((table.c.turn_id == turn) & (table.c.seq >= seq)),
+        )
+        .order_by(table.c.id)
+    )
+
+
+@cache
+def _counts_statement() -> Executable:
+    turns = Turn.__table__  # type: ignore[attr-defined]
+    compactions = Compaction.__table__  # type: ignore[attr-defined]
+    return select(
+        select(func.count()).where(turns.c.conversation_id == bindparam("id")).scalar_subquery(),
+        select(func.count())
+        .where(compactions.c.conversation_id == bindparam("id"))
+        .scalar_subquery(),
+    )
 
 
 @cache

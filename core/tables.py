@@ -101,3 +101,30 @@ class InboundEvent(SQLModel, table=True):
     author: str | None = Field(default=None, max_length=200)
     claim: str | None = Field(default=None, max_length=32)
     received_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class Compaction(SQLModel, table=True):
+    """A summary that replaced the older messages of a conversation in what the model is sent.
+    The messages stay stored and readable; the model-facing history is the latest compaction's
+    summary, then the messages from (`first_kept_turn_id`, `first_kept_seq`) on. `method` is
+    `summary`, or `dropped` when the summary could not be written and the older messages were
+    left out instead (`summary` then keeps the earlier one, if any). The summary calls' cost is
+    kept here (and, for a compaction inside a turn, in the turn's totals too)."""
+
+    __tablename__ = "compactions"
+
+    id: int | None = Field(default=None, primary_key=True)
+    conversation_id: int = Field(foreign_key="conversations.id", index=True)
+    turn_id: int | None = Field(default=None, foreign_key="turns.id")
+    """The turn it happened in; None for `/compact`."""
+    first_kept_turn_id: int
+    first_kept_seq: int
+    summary: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
+    method: str = Field(max_length=20)
+    tokens_before: int = 0
+    tokens_after: int = 0
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    model_seconds: float = 0.0
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))

@@ -55,16 +55,25 @@ import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 from core.channel import Channel, Delivery, Outcome, Reply
-from core.errors import KaiwaError, StoreError
-from core.history import history_wire
+from core.context import (
+    Calibration,
+    Compaction,
+    Compactor,
+    ContextPolicy,
+    ContextSettings,
+    summary_message,
+)
+from core.errors import KaiwaError, ModelError, StoreError
+from core.history import MessageKey, history_entries
 from core.loop import AgentLoop, ChatModel, LoopSettings
 from core.lru import PinnedLRU
+from core.messages import Usage, UsageTotals
 from core.pump import FramePump
 from core.recording import TurnRecorder
-from core.store import StartedTurn, Store, TurnStart, not_awaited
+from core.store import CompactionRecord, StartedTurn, Store, TurnStart, not_awaited
 from core.tools import Tool
 
 logger = logging.getLogger(__name__)
@@ -91,6 +100,8 @@ class AgentProfile:
     max_iterations: int = 10
     images: bool = False
     """Whether the model reads images (a vision model)."""
+    context_window: int = 0
+    """Tokens; 0 chooses one for the model (`ContextPolicy.window`)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,26 @@ class TurnSettings:
     agent: AgentProfile
     tool_timeout: float = 60.0
     max_cached_conversations: int = 1000
+    context: ContextPolicy = field(default_factory=ContextPolicy)
+
+
+class TurnModel(ChatModel, Protocol):
+    async def context_length(self, model: str) -> int | None: ...
+
+
+class ConversationBusy(KaiwaError):
+    """A turn runs or waits in the conversation, so it cannot be compacted now."""
+
+
+@dataclass(frozen=True)
+class ContextReport:
+    """What `/usage` says of a conversation's context."""
+
+    tokens: int
+    """About how many tokens the next request would carry (the last size the model reported
+    when nothing changed since, else an estimate)."""
+    window: int
+    compactions: int
 
 
 @dataclass(frozen=True)
@@ -141,8 +172,13 @@ class _Slot:
     running: "_Turn | None" = None
     waiting: list["_Turn"] = field(default_factory=list)
     conversation_id: int | None = None
-    messages: list[dict[str, object]] | None = None
+    messages: list[dict[str, Any]] | None = None
     """The model-facing history; None until read from the store (and after it may be stale)."""
+    keys: list[MessageKey | None] = field(default_factory=list)
+    """Where each message of `messages` is stored (None for the system prompt and a summary;
+    a turn of None for the running turn's). The running turn's are added when needed."""
+    calibration: Calibration = field(default_factory=Calibration)
+    compactions: int = 0
 
 
 @dataclass(eq=False)
@@ -167,7 +203,7 @@ class TurnRunner:
     def __init__(
         self,
         store: Store,
-        model: ChatModel,
+        model: TurnModel,
         channels: Mapping[str, Channel],
         settings: TurnSettings,
     ) -> None:
@@ -177,6 +213,7 @@ class TurnRunner:
         self.settings = settings
         self._slots: PinnedLRU[str, _Slot] = PinnedLRU(settings.max_cached_conversations)
         self._live: set[_Turn] = set()
+        self._windows: dict[str, int] = {}
         self.closing = False
 
     # -- entry points --------------------------------------------------------------------------
@@ -237,6 +274,61 @@ class TurnRunner:
             self._slots.unpin(place)
         return report
 
+    async def context_report(self, place: str) -> ContextReport | None:
+        """`/usage`: how much of its window the conversation in `place` fills; None if it has
+        no conversation. Reads, never waits for a running turn."""
+        agent = self.settings.agent
+        context = await self._context(agent)
+        tools = [tool.schema() for tool in agent.tools.values()]
+        slot = self._slots.get(place)
+        if slot is not None and slot.messages is not None and slot.conversation_id is not None:
+            messages, calibration, compactions = slot.messages, slot.calibration, slot.compactions
+        else:
+            reading = _Slot(place)
+            messages = await self._history(reading, agent)
+            if reading.conversation_id is None:
+                return None
+            calibration, compactions = reading.calibration, reading.compactions
+        return ContextReport(calibration.size(messages, tools), context.window, compactions)
+
+    async def compact(self, place: str) -> Compaction | None:
+        """`/compact`: summarize the conversation in `place` now, all but its latest message;
+        None if there is nothing to compact. Raises `ConversationBusy` while a turn runs or
+        waits there (it never waits behind one)."""
+        slot = self._slots.get_or_create(place, lambda: _Slot(place))
+        if slot.running is not None or slot.waiting:
+            raise ConversationBusy("a reply is being written here")
+        self._slots.pin(place)
+        try:
+            async with slot.gate:
+                return await self._compact_now(slot)
+        finally:
+            self._slots.unpin(place)
+
+    async def _compact_now(self, slot: _Slot) -> Compaction | None:
+        agent = self.settings.agent
+        messages, context = await self._prepare(slot, agent)
+        conversation_id = slot.conversation_id
+        if conversation_id is None:
+            return None
+        records: list[CompactionRecord] = []
+        compactor = Compactor(
+            self._model,
+            agent.model,
+            context,
+            slot.calibration,
+            lambda compaction: records.append(self._note_compaction(slot, compaction)),
+        )
+        tools = [tool.schema() for tool in agent.tools.values()]
+        compaction = await compactor.compact(messages, tools=tools, keep_tokens=0)
+        for record in records:
+            try:
+                await self._store.record_compaction(conversation_id, record)
+            except StoreError:
+                slot.messages = None  # the store is the truth: read it again next time
+                raise
+        return compaction
+
     def handles(self, inbound_event_id: int) -> bool:
         """Whether a live turn (queued or running) answers this recorded message."""
         return any(turn.request.inbound_event_id == inbound_event_id for turn in self._live)
@@ -276,8 +368,10 @@ class TurnRunner:
     async def _execute(self, turn: _Turn, settings: TurnSettings) -> TurnResult:
         request, agent, slot = turn.request, settings.agent, turn.slot
         channel = self._channels[request.platform]
-        try:  # a read; a stop meanwhile still gets its turn recorded, as stopped
-            messages, stopped_early = await _through_cancellation(self._history(slot, agent))
+        try:  # reads; a stop meanwhile still gets its turn recorded, as stopped
+            (messages, context), stopped_early = await _through_cancellation(
+                self._prepare(slot, agent)
+            )
         except Exception as exc:
             return await self._not_started(channel, request, exc)
         # The turn's row is written while the model call begins; the recorder holds any write
@@ -286,8 +380,8 @@ class TurnRunner:
         starting.add_done_callback(lambda stored: _remember_conversation(slot, stored))
         recorder = TurnRecorder(self._store, starting)
         said = {"role": "user", "content": request.text}
-        messages.append({**said, "images": list(request.images)} if request.images else said)
-        said_at = len(messages) - 1
+        sent = {**said, "images": list(request.images)} if request.images else said
+        messages.append(sent)
         reply = channel.open_reply(request.place, request.reply_to)
         pump = FramePump(
             reply,
@@ -309,12 +403,19 @@ class TurnRunner:
                 max_iterations=agent.max_iterations,
                 tool_timeout=settings.tool_timeout,
             ),
+            Compactor(
+                self._model,
+                agent.model,
+                context,
+                slot.calibration,
+                lambda compaction: self._compacted(slot, recorder, compaction),
+            ),
         )
         began = time.monotonic()
         outcome, note = await self._run_loop(loop, messages, stopped_early, request)
         turn.finishing = True  # the outcome is decided: a stop from here on changes nothing
         pump.halt()  # no frame after the answer is complete; the last edit is the notice's
-        messages[said_at] = said  # images go to the model with their own turn only
+        _replace(messages, sent, said)  # images go to the model with their own turn only
         # invariant 5: records first (awaited whole, whatever cancellation lands meanwhile) ...
         recorder.finish(outcome.value, turn.stop_reason, note)
         text = recorder.display_text()
@@ -324,6 +425,8 @@ class TurnRunner:
             recorder.mark_unsaved(note)  # invariant 8
             slot.messages = None  # the store is the truth: the next turn reads it again
             logger.warning("a turn in %s could not be saved: %s", request.place, failure)
+        else:
+            self._settle_keys(slot, recorder, outcome)
         seconds = time.monotonic() - began
         self._log_turn(request, outcome, recorder, seconds, turn.stop_reason, note)
         # ... then the notice, which a second cancellation may cut short without losing anything.
@@ -354,7 +457,7 @@ class TurnRunner:
         if stopped_early:  # stopped while the turn was being opened
             return Outcome.STOPPED, None
         try:
-            await loop.run(messages)
+            result = await loop.run(messages)
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             return Outcome.STOPPED, None
@@ -363,20 +466,95 @@ class TurnRunner:
         except Exception as exc:
             logger.exception("turn in %s failed unexpectedly", request.place)
             return Outcome.FAILED, f"internal error ({type(exc).__name__}); see the log"
-        return Outcome.DONE, None
+        return (Outcome.CUT if result.cut else Outcome.DONE), None
 
-    async def _history(self, slot: _Slot, agent: AgentProfile) -> list[dict[str, object]]:
+    async def _prepare(
+        self, slot: _Slot, agent: AgentProfile
+    ) -> tuple[list[dict[str, Any]], ContextSettings]:
+        """The conversation's model-facing history, and the window it must fit."""
+        return await self._history(slot, agent), await self._context(agent)
+
+    async def _history(self, slot: _Slot, agent: AgentProfile) -> list[dict[str, Any]]:
         """The conversation's model-facing history, kept in the slot between turns; read from
         the store the first time (a conversation that does not exist yet starts with the
-        agent's system prompt, with which it will be opened)."""
+        agent's system prompt, with which it will be opened): the system prompt, the latest
+        compaction's summary, and the messages after it."""
         if slot.messages is None:
             stored = await self._store.conversation_of(slot.place)
             conversation = stored.conversation
             prompt = conversation.system_prompt if conversation else agent.system_prompt
             slot.conversation_id = conversation.id if conversation else None
-            history = history_wire(stored.messages, stored.endings)
-            slot.messages = [{"role": "system", "content": prompt}, *history]
+            summary = stored.compaction.summary if stored.compaction else ""
+            opening = [{"role": "system", "content": prompt}]
+            opening += [summary_message(summary)] if summary else []
+            entries = history_entries(stored.messages, stored.endings)
+            slot.messages = [*opening, *(wire for wire, _ in entries)]
+            slot.keys = [*(None for _ in opening), *(key for _, key in entries)]
+            slot.calibration, slot.compactions = Calibration(), stored.compactions
         return slot.messages
+
+    async def _context(self, agent: AgentProfile) -> ContextSettings:
+        """The agent's window: its own setting, or chosen for its model (asked of Ollama once;
+        while Ollama cannot say, `max_window`)."""
+        policy = self.settings.context
+        setting = f"[agents.{agent.name}].context_window"
+        if agent.context_window or agent.model in self._windows:
+            window = agent.context_window or self._windows[agent.model]
+            return policy.settings(window, setting)
+        try:
+            length = await self._model.context_length(agent.model)
+        except ModelError as exc:
+            logger.warning(
+                "the context length of %s is unknown (%s); planning for %d tokens",
+                agent.model,
+                exc,
+                policy.max_window,
+            )
+            return policy.settings(policy.max_window, setting)
+        self._windows[agent.model] = policy.window(0, length)
+        return policy.settings(self._windows[agent.model], setting)
+
+    def _compacted(self, slot: _Slot, recorder: TurnRecorder, compaction: Compaction) -> None:
+        """The loop compacted the history in a turn: the slot's keys follow, and the compaction
+        is stored with the turn."""
+        _key_running_turn(slot, recorder)
+        record = self._note_compaction(slot, compaction)
+        recorder.compacted(record, compaction.calls)
+
+    def _note_compaction(self, slot: _Slot, compaction: Compaction) -> CompactionRecord:
+        first_kept = slot.keys[compaction.first_kept]
+        assert first_kept is not None, "a compaction keeps conversation messages, not a prompt"
+        slot.keys[1 : compaction.first_kept] = [None] if compaction.summary else []
+        slot.compactions += 1
+        logger.info(
+            "conversation %s in %s compacted (%s): about %d tokens, now %d",
+            slot.conversation_id,
+            slot.place,
+            compaction.method,
+            compaction.tokens_before,
+            compaction.tokens_after,
+        )
+        return CompactionRecord(
+            first_kept[0],
+            first_kept[1],
+            compaction.summary,
+            compaction.method,
+            compaction.tokens_before,
+            compaction.tokens_after,
+            _totals(compaction.calls),
+        )
+
+    def _settle_keys(self, slot: _Slot, recorder: TurnRecorder, outcome: Outcome) -> None:
+        """The turn is stored: its messages are keyed by its row. A reply cut at the length
+        limit is read again next time, with the mark the store's history gives it."""
+        if outcome is Outcome.CUT or recorder.turn_id is None or slot.messages is None:
+            slot.messages = None
+            return
+        _key_running_turn(slot, recorder)
+        slot.keys = [
+            (recorder.turn_id, key[1]) if key is not None and key[0] is None else key
+            for key in slot.keys
+        ]
 
     def _turn_start(self, slot: _Slot, request: TurnRequest) -> TurnStart:
         agent = self.settings.agent
@@ -525,6 +703,31 @@ def _remember_conversation(slot: _Slot, stored: "asyncio.Future[StartedTurn]") -
         slot.conversation_id = stored.result().conversation_id
     else:
         slot.messages = None
+
+
+def _key_running_turn(slot: _Slot, recorder: TurnRecorder) -> None:
+    """Key the running turn's messages not keyed yet: the person's (0), then each the loop
+    added, in the order the recorder placed them."""
+    assert slot.messages is not None
+    missing = len(slot.messages) - len(slot.keys)
+    if missing > 0:
+        seqs = [0, *recorder.seqs]
+        slot.keys += [(None, seq) for seq in seqs[-missing:]]
+
+
+def _replace(messages: list[dict[str, Any]], old: dict[str, Any], new: dict[str, Any]) -> None:
+    """`old` (that very message, if it is still there) becomes `new`."""
+    for index, message in enumerate(messages):
+        if message is old:
+            messages[index] = new
+            return
+
+
+def _totals(calls: tuple[Usage, ...]) -> UsageTotals:
+    totals = UsageTotals()
+    for usage in calls:
+        totals.add(usage)
+    return totals
 
 
 def _result_of(task: "asyncio.Task[TurnResult]") -> TurnResult:

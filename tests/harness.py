@@ -98,6 +98,7 @@ async def make_bot(
         max_iterations: int = 10,
         images: bool = False,
         bot_store: Store | None = None,
+        context_window: int = 0,
     ) -> Bot:
         channel = channel or RecordingChannel()
         chosen = tools if tools is not None else [echo, *builtin_tools("UTC")]
@@ -109,6 +110,7 @@ async def make_bot(
                 tools={t.name: t for t in chosen},
                 max_iterations=max_iterations,
                 images=images,
+                context_window=context_window,
             ),
             tool_timeout=5.0,
             max_cached_conversations=max_cached_conversations,

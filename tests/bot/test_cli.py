@@ -38,6 +38,8 @@ async def test_check_passes_when_the_model_is_there(ollama: FakeOllama, tmp_path
     assert out == (
         f"ok: Ollama at {ollama.url} is reachable and has test-model\n"
         "ok: channels ready: terminal\n"
+        "context window: assistant: 16,384 tokens (test-model takes up to 40,960; "
+        "context.max_window is 16,384)\n"
     )
 
 

@@ -282,7 +282,8 @@ async def test_a_direct_message_is_a_conversation_and_new_starts_afresh(
 async def test_slash_commands_are_registered_and_answer_privately(make_bot: BotFactory) -> None:
     async with discord_platform(make_bot) as discord:
         fake = discord.fake
-        assert [command["name"] for command in fake.commands] == ["stop", "new", "usage", "help"]
+        names = [command["name"] for command in fake.commands]
+        assert names == ["stop", "new", "usage", "compact", "help"]
         discord.bot.ollama.script(Text("Hi."))
         thread = open_thread(discord, "hi")
         await fake.wait_until(lambda: said(fake, thread) == ["Hi."], what="the reply")
