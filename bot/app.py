@@ -280,7 +280,7 @@ def _ids(ids: Sequence[int | str]) -> frozenset[str]:
 async def _terminal_banner(terminal: TerminalChannel, settings: TurnSettings, store: Store) -> str:
     """Who answers, and whether this continues a conversation (and how long it is)."""
     stored = await store.conversation_of(terminal.place)
-    turns = len(stored.endings)
+    turns = stored.turns
     where = (
         f"Continuing your conversation ({turns} {plural(turns, 'turn')} so far; /new starts a "
         "fresh one)."

@@ -17,6 +17,7 @@ from core.history import history_wire
 from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, Usage, UsageTotals
 from core.schema import MIGRATIONS, SCHEMA_HEAD
 from core.store import (
+    CompactionRecord,
     Inbound,
     Store,
     StoreSettings,
@@ -145,6 +146,34 @@ async def test_a_conversation_round_trip(any_store: Store) -> None:
         10,
     )
     assert turn.ended_at is not None
+
+
+async def test_a_conversation_reads_back_from_its_latest_compaction(any_store: Store) -> None:
+    """Only what the model is sent is read (the messages from the first one kept on), while
+    every message stays stored and the turns are counted in full."""
+    place = "test:long"
+    first = await any_store.start_turn(TurnStart(place, "a", "System.", "person", "one"))
+    conversation_id = first.conversation_id
+    await any_store.record_turn(
+        conversation_id, first.turn_id, messages=[(1, AssistantMessage("Answer one."))]
+    )
+    second = await any_store.start_turn(
+        TurnStart(place, "a", "System.", "person", "two", conversation_id=conversation_id)
+    )
+    kept_from_answer = CompactionRecord(None, 1, "They said one.", "summary", 900, 300)
+    await any_store.record_turn(
+        conversation_id,
+        second.turn_id,
+        messages=[(1, AssistantMessage("Answer two."))],
+        compaction=kept_from_answer,
+    )
+
+    stored = await any_store.conversation_of(place)
+
+    assert stored.compaction is not None and stored.compaction.summary == "They said one."
+    assert [row.text for row in stored.messages] == ["Answer two."]
+    assert (stored.turns, stored.compactions, set(stored.endings)) == (2, 1, {second.turn_id})
+    assert len(await any_store.history(conversation_id)) == 4
 
 
 async def test_closing_a_conversation_makes_room_for_a_new_one(any_store: Store) -> None:
