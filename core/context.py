@@ -35,9 +35,10 @@ logger = logging.getLogger(__name__)
 CHARS_PER_TOKEN = 4
 MESSAGE_TOKENS = 4
 """What a chat template adds around each message (role markers, separators)."""
-KEEP_RECENT_SHARE = 0.4
-"""After a compaction, the most recent messages kept whole fill up to this share of the window:
-enough to carry the conversation on, little enough that the next compaction is many turns away."""
+KEEP_SHARE = 0.5
+"""After a compaction, the most recent messages kept whole fill up to this share of the size that
+sets one off: enough to carry the conversation on, little enough that the next compaction is
+many turns away."""
 SUMMARY_SHARE = 0.125
 """The longest summary asked for, as a share of the window."""
 CALIBRATION_LIMITS = (0.25, 4.0)
@@ -237,9 +238,7 @@ class Compactor:
         (its indexes are still those of the list it was given)."""
         start = _first_message(messages)
         if keep_tokens is None:
-            keep_tokens = self.settings.window * KEEP_RECENT_SHARE - self._size(
-                [messages[0]], extra, tools
-            )
+            keep_tokens = self._limit() * KEEP_SHARE - self._size([messages[0]], extra, tools)
         first_kept = self._first_kept(messages, start, keep_tokens)
         if first_kept <= start:
             return None
@@ -277,11 +276,13 @@ class Compactor:
         extra: Sequence[dict[str, Any]],
         tools: Sequence[dict[str, Any]],
     ) -> bool:
-        size = self._size(messages, extra, tools)
+        return self._size(messages, extra, tools) > self._limit()
+
+    def _limit(self) -> float:
+        """The size past which a request is compacted first: `compact_at` of the window, or
+        less if the answer's reserve would not fit beside it."""
         window = self.settings.window
-        return (
-            size > window * self.settings.compact_at or size + self.settings.answer_reserve > window
-        )
+        return min(window * self.settings.compact_at, window - self.settings.answer_reserve)
 
     def _first_kept(self, messages: Sequence[dict[str, Any]], start: int, budget: float) -> int:
         """The earliest message from which the rest fits `budget` tokens; the cut never falls
