@@ -11,7 +11,7 @@ import pytest
 
 from core.channel import Delivery, Frame, Outcome, Reply
 from tests.channels.platforms import ANN, BOB, MALLORY, POOL_SIZE, Platform
-from tests.fakes.ollama import ChunkDelay, Pause, Text
+from tests.fakes.ollama import ChunkDelay, Done, Pause, Text
 
 SENTENCE = "A paragraph of explanation that goes on for a while. "
 STORM = 20
@@ -145,6 +145,18 @@ async def test_a_strangers_press_stops_nothing(platform: Platform) -> None:
     )
     assert not platform.has_stop_button(ANN), "a finished reply has no Stop button"
     assert (await platform.bot.turns(platform.place(ANN)))[-1].status == Outcome.DONE.value
+
+
+async def test_a_reply_cut_at_the_length_limit_says_so(platform: Platform) -> None:
+    platform.bot.ollama.script(Text("The first half of a long"), Done(reason="length"))
+
+    platform.say(ANN, "tell me everything")
+
+    await platform.wait_until(
+        lambda: platform.shown(ANN) == ["The first half of a long (cut at the length limit)"],
+        "the reply marked as cut",
+    )
+    assert (await platform.bot.turns(platform.place(ANN)))[-1].status == Outcome.CUT.value
 
 
 @pytest.mark.model_slots(1)

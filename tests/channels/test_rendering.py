@@ -154,6 +154,7 @@ def test_final_marks() -> None:
     assert final_text("", Outcome.STOPPED, None) == "(stopped)"
     assert final_text("Half", Outcome.FAILED, "model gone") == "Half\n\n⚠️ model gone"
     assert final_text("Done.", Outcome.DONE, None) == "Done."
+    assert final_text("A long", Outcome.CUT, None) == "A long (cut at the length limit)"
 
 
 async def test_a_notice_is_sent_in_full_through_a_rate_limit(board: Board) -> None:
