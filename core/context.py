@@ -14,8 +14,9 @@ Why it is shaped this way:
 - This module imports no turn path, store or channel, so any agent loop can use it; the
   `on_compacted` callback is where a caller stores what was replaced.
 
-The model-facing list is `[system prompt, summary?, messages...]`: the summary, when there is one,
-is a second system message starting with `SUMMARY_HEADER`.
+The model-facing list is `[system message, messages...]`; after a compaction the system message
+is the system prompt, then `SUMMARY_HEADER` and the summary. One system message, first: every
+chat template renders that one, while some drop a system message found later in the list.
 """
 
 import json
@@ -115,9 +116,9 @@ class Compaction:
     """What one compaction did. Indexes are those of the list before it changed."""
 
     first_kept: int
-    """The first message kept whole; `[1:first_kept]` became the summary (or was dropped)."""
+    """The first message kept whole; `[1:first_kept]` went into the summary (or was dropped)."""
     summary: str
-    """The summary message's text now at index 1 ('' if there is none)."""
+    """The summary the system message now carries ('' if there is none)."""
     method: str
     """`summary`, or `dropped` when the summary could not be written."""
     tokens_before: int
@@ -168,14 +169,21 @@ def _message_chars(message: dict[str, Any]) -> int:
     return chars
 
 
-def is_summary(message: dict[str, Any]) -> bool:
-    return message.get("role") == "system" and str(message.get("content", "")).startswith(
-        SUMMARY_HEADER
-    )
+SUMMARY_SEPARATOR = f"\n\n{SUMMARY_HEADER}\n"
 
 
-def summary_message(summary: str) -> dict[str, Any]:
-    return {"role": "system", "content": f"{SUMMARY_HEADER}\n{summary}"}
+def system_message(prompt: str, summary: str = "") -> dict[str, Any]:
+    """The first message: the system prompt, then the summary of what came before, if any."""
+    return {
+        "role": "system",
+        "content": f"{prompt}{SUMMARY_SEPARATOR}{summary}" if summary else prompt,
+    }
+
+
+def prompt_and_summary(message: dict[str, Any]) -> tuple[str, str]:
+    """The system prompt and the summary (or '') a system message carries."""
+    prompt, _, summary = str(message.get("content", "")).partition(SUMMARY_SEPARATOR)
+    return prompt, summary
 
 
 class Compactor:
@@ -236,13 +244,13 @@ class Compactor:
         `keep_tokens` (by default a share of the window; at least the latest message); None if
         there is nothing older to replace. `on_compacted` hears of it before `messages` changes
         (its indexes are still those of the list it was given)."""
-        start = _first_message(messages)
+        start = 1
         if keep_tokens is None:
             keep_tokens = self._limit() * KEEP_SHARE - self._size([messages[0]], extra, tools)
         first_kept = self._first_kept(messages, start, keep_tokens)
         if first_kept <= start:
             return None
-        earlier = _summary_text(messages[1]) if start == 2 else ""
+        prompt, earlier = prompt_and_summary(messages[0])
         older = messages[start:first_kept]
         on_status("compacting the conversation…")
         try:
@@ -256,8 +264,7 @@ class Compactor:
                 exc,
             )
             summary, calls, method = earlier, (), "dropped"
-        compacted = [messages[0], *([summary_message(summary)] if summary else [])]
-        compacted += messages[first_kept:]
+        compacted = [system_message(prompt, summary), *messages[first_kept:]]
         compaction = Compaction(
             first_kept,
             summary,
@@ -369,15 +376,6 @@ class Compactor:
 
 class EmptySummary(ModelError):
     """The model answered a summary request with nothing."""
-
-
-def _first_message(messages: Sequence[dict[str, Any]]) -> int:
-    """Where the conversation's own messages start: after the system prompt and a summary."""
-    return 2 if len(messages) > 1 and is_summary(messages[1]) else 1
-
-
-def _summary_text(message: dict[str, Any]) -> str:
-    return str(message["content"]).removeprefix(SUMMARY_HEADER).strip()
 
 
 def _line(message: dict[str, Any], limit: int) -> str:

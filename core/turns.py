@@ -64,7 +64,8 @@ from core.context import (
     Compactor,
     ContextPolicy,
     ContextSettings,
-    summary_message,
+    prompt_and_summary,
+    system_message,
 )
 from core.errors import KaiwaError, ModelError, StoreError
 from core.history import MessageKey, history_entries
@@ -485,11 +486,9 @@ class TurnRunner:
             prompt = conversation.system_prompt if conversation else agent.system_prompt
             slot.conversation_id = conversation.id if conversation else None
             summary = stored.compaction.summary if stored.compaction else ""
-            opening = [{"role": "system", "content": prompt}]
-            opening += [summary_message(summary)] if summary else []
             entries = history_entries(stored.messages, stored.endings)
-            slot.messages = [*opening, *(wire for wire, _ in entries)]
-            slot.keys = [*(None for _ in opening), *(key for _, key in entries)]
+            slot.messages = [system_message(prompt, summary), *(wire for wire, _ in entries)]
+            slot.keys = [None, *(key for _, key in entries)]
             slot.calibration, slot.compactions = Calibration(), stored.compactions
         return slot.messages
 
@@ -524,7 +523,7 @@ class TurnRunner:
     def _note_compaction(self, slot: _Slot, compaction: Compaction) -> CompactionRecord:
         first_kept = slot.keys[compaction.first_kept]
         assert first_kept is not None, "a compaction keeps conversation messages, not a prompt"
-        slot.keys[1 : compaction.first_kept] = [None] if compaction.summary else []
+        del slot.keys[1 : compaction.first_kept]
         slot.compactions += 1
         logger.info(
             "conversation %s in %s compacted (%s): about %d tokens, now %d",
@@ -561,7 +560,7 @@ class TurnRunner:
         return TurnStart(
             place=request.place,
             agent=agent.name,
-            system_prompt=str(slot.messages[0]["content"]) if slot.messages else "",
+            system_prompt=prompt_and_summary(slot.messages[0])[0] if slot.messages else "",
             provenance=request.provenance.value,
             text=request.text,
             author=request.author,

@@ -3,7 +3,8 @@
 Through the whole turn path and the real model client. The fake Ollama counts each request's
 tokens its own way (three characters a token, where Kaiwa estimates four), so Kaiwa's estimate
 has to learn from the counts the model reports; summary requests are the ones that offer no
-tools, and the fake answers them apart (`without_tools`).
+tools, and the fake answers them apart (`without_tools`). After a compaction the system message
+carries the summary after the system prompt.
 """
 
 import logging
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from core.channel import Outcome
-from core.context import SUMMARY_HEADER, Calibration, summary_message
+from core.context import SUMMARY_HEADER, Calibration, system_message
 from core.history import CUT_OFF
 from tests.fakes.ollama import Done, HttpError, Pause, Text, ToolCall
 from tests.harness import Bot, BotFactory
@@ -60,8 +61,8 @@ async def test_two_hundred_turns_never_send_a_request_over_the_window(
     assert [prompt for prompt in prompts if prompt.overflows] == []
     assert all(request["messages"][0]["role"] == "system" for request in bot.ollama.requests)
     latest = chat_requests(bot)[-1]["messages"]
-    assert latest[0]["content"] == "You are a test assistant."
-    assert latest[1] == summary_message(SUMMARY)
+    assert latest[0] == system_message("You are a test assistant.", SUMMARY)
+    assert latest[1]["role"] != "system"
     assert "Message 0." not in str(latest)
     stored = await compactions(bot)
     assert len(stored) >= 10 and {row.method for row in stored} == {"summary"}
@@ -81,11 +82,8 @@ async def test_a_restart_resumes_from_the_latest_summary(make_bot: BotFactory) -
 
     assert len(after.ollama.requests) == requests + 1, "no new summary was needed"
     sent = chat_requests(after)[-1]["messages"]
-    assert sent[:2] == [
-        {"role": "system", "content": "You are a test assistant."},
-        summary_message(latest.summary),
-    ]
-    kept = [m["content"] for m in sent[2:] if m["role"] == "user"]
+    assert sent[0] == system_message("You are a test assistant.", latest.summary)
+    kept = [m["content"] for m in sent[1:] if m["role"] == "user"]
     assert kept[-1] == "And what was my first message about?"
     assert "Message 0." not in str(sent)
     assert len(kept) < 12
@@ -104,8 +102,7 @@ async def test_compaction_never_separates_a_tool_call_from_its_result(
     assert await compactions(bot)
     for request in chat_requests(bot):
         messages = request["messages"]
-        opening = 2 if messages[1]["content"].startswith(SUMMARY_HEADER) else 1
-        assert messages[opening]["role"] != "tool", "a result without its call"
+        assert messages[1]["role"] != "tool", "a result without its call"
         for index, message in enumerate(messages):
             calls = message.get("tool_calls") or []
             results = messages[index + 1 : index + 1 + len(calls)]
@@ -126,9 +123,7 @@ async def test_a_failed_summary_drops_the_oldest_messages_instead(
     assert {row.method for row in await compactions(bot)} == {"dropped"}
     assert [prompt for prompt in bot.ollama.prompts if prompt.overflows] == []
     assert "could not be written" in caplog.text and "dropped instead" in caplog.text
-    assert not any(
-        m["content"].startswith(SUMMARY_HEADER) for m in chat_requests(bot)[-1]["messages"]
-    )
+    assert not any(SUMMARY_HEADER in m["content"] for m in chat_requests(bot)[-1]["messages"])
 
 
 async def test_a_message_too_big_for_the_window_is_refused_with_its_size(
