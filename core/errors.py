@@ -46,11 +46,17 @@ class ChannelError(KaiwaError):
 
 
 class ModelError(KaiwaError):
-    """A model request failed; the message says why and what to do."""
+    """A model request failed; the message says why and what to do. `transient`: it may well
+    succeed if tried again (a connection refused or reset, an overloaded server)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class ModelUnreachable(ModelError):
-    pass
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=True)
 
 
 class ModelNotFound(ModelError):
@@ -58,7 +64,11 @@ class ModelNotFound(ModelError):
 
 
 class ModelHTTPError(ModelError):
-    pass
+    TRANSIENT = (502, 503, 504)
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message, transient=status in self.TRANSIENT)
+        self.status = status
 
 
 class ModelStreamError(ModelError):

@@ -10,11 +10,15 @@ Why it is shaped this way:
   semaphore then live in one coroutine, and a stop (task cancellation) can only land at an `await`
   inside this module, never between a chunk and the caller's bookkeeping of it.
 - The client library's default timeout is none at all; every wait here has one.
+- A request that fails before its first piece (Ollama unreachable, a reset connection, a 502,
+  503 or 504) is tried again, at most `retries` times with a growing pause: nothing was shown
+  yet, so nobody sees it twice. Once anything has arrived, a failure is final.
 - ollama, httpx and json exceptions are mapped to `core.errors` here and nowhere else.
 """
 
 import asyncio
 import json
+import logging
 import math
 import re
 import time
@@ -40,6 +44,8 @@ from core.messages import Usage
 from core.slots import RequestSlots
 from core.text import clean, clean_all, plural
 
+logger = logging.getLogger(__name__)
+
 T = TypeVar("T")
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
@@ -59,6 +65,10 @@ class ModelSettings:
     idle_timeout: float = 60.0
     max_concurrent_requests: int = 1
     keep_alive: str = "5m"
+    retries: int = 2
+    """Tries again of a request that failed before its first piece."""
+    retry_backoff: float = 0.5
+    """Seconds before the first try again; doubled for each next one."""
 
 
 @dataclass
@@ -70,6 +80,8 @@ class ModelReply:
     tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     done_reason: str = ""
+    pieces: int = 0
+    """How many pieces of the stream arrived (any, even empty ones)."""
 
 
 ChunkCallback = Callable[[str, str], None]
@@ -146,14 +158,38 @@ class ModelClient:
                 on_chunk(text, thinking)
 
             try:
-                with self._errors_mapped(model):
-                    answered = await self._stream(
-                        model, messages, reply, shown, tools, think, options
-                    )
+                answered = await self._tries(
+                    model,
+                    reply,
+                    lambda: self._stream(model, messages, reply, shown, tools, think, options),
+                )
             finally:
                 slow.cancel()
             self._warm[model] = time.monotonic()
             return answered
+
+    async def _tries(
+        self, model: str, reply: ModelReply, attempt: Callable[[], Awaitable[ModelReply]]
+    ) -> ModelReply:
+        """`attempt()` with errors mapped, tried again while it fails for a passing reason
+        before the first piece of `reply` arrived."""
+        for retry in range(self.settings.retries + 1):
+            try:
+                with self._errors_mapped(model):
+                    return await attempt()
+            except ModelError as exc:
+                if retry == self.settings.retries or not exc.transient or reply.pieces:
+                    raise
+                pause = self.settings.retry_backoff * 2**retry
+                logger.warning(
+                    "%s; trying again in %g s (%d of %d)",
+                    exc,
+                    pause,
+                    retry + 1,
+                    self.settings.retries,
+                )
+                await asyncio.sleep(pause)
+        raise AssertionError("unreachable: the last try raises or returns")
 
     def _is_warm(self, model: str) -> bool:
         answered = self._warm.get(model)
@@ -187,6 +223,7 @@ class ModelClient:
                     # Read to the end, past the done chunk, so the connection goes back to the
                     # pool instead of being closed and opened again for the next request.
                     async for part in stream:
+                        reply.pieces += 1
                         deadline.touch()
                         _absorb(part, reply, on_chunk)
                         if part.done:
@@ -196,7 +233,8 @@ class ModelClient:
         if final is None:
             raise ModelStreamError(
                 f"the reply from {model} ended before the model finished; try again, and check "
-                "the Ollama server log if it keeps happening"
+                "the Ollama server log if it keeps happening",
+                transient=True,
             )
         reply.usage = Usage(
             prompt_tokens=final.prompt_eval_count or 0,
@@ -242,7 +280,9 @@ class ModelClient:
                 if "thinking" in exc.error
                 else "check the Ollama server log"
             )
-            return ModelHTTPError(f"Ollama answered HTTP {exc.status_code}: {exc.error}; {fix}")
+            return ModelHTTPError(
+                f"Ollama answered HTTP {exc.status_code}: {exc.error}; {fix}", exc.status_code
+            )
         if isinstance(exc, ConnectionError | httpx.ConnectError | httpx.ConnectTimeout):
             return ModelUnreachable(
                 f"cannot reach Ollama at {url}: start it with `ollama serve`, or set [ollama].url"
@@ -250,7 +290,8 @@ class ModelClient:
         if isinstance(exc, httpx.HTTPError | json.JSONDecodeError | pydantic.ValidationError):
             return ModelStreamError(
                 f"the reply stream from {model} broke off ({type(exc).__name__}); try again, and "
-                "check the Ollama server log if it keeps happening"
+                "check the Ollama server log if it keeps happening",
+                transient=isinstance(exc, httpx.TransportError),
             )
         return None
 

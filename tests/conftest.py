@@ -40,6 +40,7 @@ def model_settings(ollama: FakeOllama, request: pytest.FixtureRequest) -> ModelS
         first_chunk_timeout=5.0,
         idle_timeout=5.0,
         max_concurrent_requests=slots.args[0] if slots else 8,
+        retry_backoff=0.01,
     )
 
 

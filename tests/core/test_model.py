@@ -185,3 +185,44 @@ async def test_a_slow_first_piece_says_the_model_is_loading(
     ollama.release("warm")
     await chatting
     assert said[-1] == "waiting for test-model…", "a model that just answered is not loading"
+
+
+async def test_a_503_before_the_first_piece_is_tried_again(
+    ollama: FakeOllama, model: ModelClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    ollama.script(HttpError(503, "busy loading another model"))
+    ollama.script(Text("Fine.", chunks=2))
+    shown: list[str] = []
+
+    reply = await model.chat("test-model", HELLO, ModelReply(), lambda text, _: shown.append(text))
+
+    assert reply.text == "Fine." and "".join(shown) == "Fine.", "nothing shown twice"
+    assert len(ollama.requests) == 2
+    assert "Ollama answered HTTP 503: busy loading another model" in caplog.text
+    assert "trying again in 0.01 s (1 of 2)" in caplog.text
+
+
+async def test_a_failure_after_the_first_piece_is_final(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    ollama.script(Text("Half of it"), Cut())
+    ollama.script(Text("never asked for"))
+
+    with pytest.raises(ModelStreamError):
+        await chat(model)
+    assert len(ollama.requests) == 1
+
+
+async def test_tries_again_are_bounded_and_only_for_passing_failures(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    for _ in range(3):
+        ollama.script(HttpError(503, "busy"))
+    ollama.script(HttpError(500, "broken"))
+    ollama.script(Text("never asked for"))
+
+    with pytest.raises(ModelHTTPError, match="503"):
+        await chat(model)
+    with pytest.raises(ModelHTTPError, match="500"):
+        await chat(model)
+    assert len(ollama.requests) == 4, "three tries of the 503, one of the 500"
