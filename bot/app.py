@@ -69,6 +69,7 @@ def turn_settings(config: Config) -> TurnSettings:
     return TurnSettings(
         agent=profile,
         tool_timeout=config.limits.tool_timeout,
+        tool_grace=config.limits.tool_grace,
         max_cached_conversations=config.limits.max_cached_conversations,
         context=config.context,
     )

@@ -64,7 +64,26 @@ async def _run(config: "Config", *, debug: bool) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: a closed terminal
         loop.add_signal_handler(signum, on_signal)
-    return await app.run(config, stop_requested, app.TerminalIO(), debug=debug)
+    code = await app.run(config, stop_requested, app.TerminalIO(), debug=debug)
+    _leave_abandoned_tools(code)
+    return code
+
+
+def _leave_abandoned_tools(code: int) -> None:
+    """Everything is stored and closed; a tool that ignored its cancellation may still run, and
+    asyncio.run would wait for it for ever. Leave without it."""
+    import logging
+
+    from core.tools import abandoned_tools
+
+    left = abandoned_tools()
+    if left:
+        logging.getLogger(__name__).warning(
+            "leaving %d abandoned tool(s) still running (they ignored cancellation)", left
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(code)
 
 
 def _parser() -> argparse.ArgumentParser:

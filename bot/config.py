@@ -69,6 +69,7 @@ class AgentConfig:
 class LimitsConfig:
     max_message_chars: int = 16_000
     tool_timeout: float = 60.0
+    tool_grace: float = 2.0
     max_cached_conversations: int = 1000
 
 
@@ -274,8 +275,10 @@ def _checked(config: Config) -> Config:
         "ollama.first_chunk_timeout": config.ollama.first_chunk_timeout,
         "ollama.idle_timeout": config.ollama.idle_timeout,
         "ollama.max_concurrent_requests": config.ollama.max_concurrent_requests,
+        "ollama.retry_backoff": config.ollama.retry_backoff,
         "limits.max_message_chars": config.limits.max_message_chars,
         "limits.tool_timeout": config.limits.tool_timeout,
+        "limits.tool_grace": config.limits.tool_grace,
         "limits.max_cached_conversations": config.limits.max_cached_conversations,
         "context.max_window": config.context.max_window,
         "context.answer_reserve": config.context.answer_reserve,
@@ -296,6 +299,8 @@ def _checked(config: Config) -> Config:
     for key, number in positive.items():
         if number <= 0:
             raise ConfigError(f"'{key}' must be greater than 0, got {number}")
+    if config.ollama.retries < 0:
+        raise ConfigError(f"'ollama.retries' must be 0 or more, got {config.ollama.retries}")
     _check_context(config)
     if config.channels.slack.mode not in SLACK_MODES:
         raise ConfigError(

@@ -39,7 +39,7 @@ from prompt_toolkit.styles import Style
 from rich.console import Console as RichConsole
 from rich.markdown import Markdown
 
-from channels.rendering import MARKS
+from channels.rendering import ending_mark
 from channels.settings import TerminalSettings
 from channels.terminal import printable
 from core.channel import Delivery, Frame, Outcome
@@ -179,7 +179,7 @@ class ChatReply:
         self._status = None
         self._thinking = ""
         self._commit_blocks(final=True)
-        mark = MARKS.get(outcome)
+        mark = ending_mark(outcome, note)
         if outcome is Outcome.FAILED:
             _commit(FormattedText([("class:dim", f"[failed] {printable(note or '')}\n")]))
         elif mark:

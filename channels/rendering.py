@@ -52,6 +52,19 @@ MARKS = {
     Outcome.CUT: "(cut at the length limit)",
 }
 """How a reply that did not end as the model meant shows it, after its text."""
+
+
+def ending_mark(outcome: Outcome, note: str | None) -> str | None:
+    """The mark after a reply's text: the outcome's, with the note of a reply that did not fail
+    ("answered at the limit of 10 model calls"); None for a plain answer. A failure shows its
+    reason instead, on a line of its own."""
+    if outcome is Outcome.FAILED:
+        return None
+    parts = [MARKS[outcome][1:-1]] if outcome in MARKS else []
+    parts += [note] if note else []
+    return f"({'; '.join(parts)})" if parts else None
+
+
 TYPING_REFRESH_SECONDS = 4.0
 TYPING_GIVE_UP_SECONDS = 300.0
 FINAL_EDIT_SECONDS = 300.0
@@ -308,8 +321,9 @@ async def send_notice(transport: Transport, text: str, seconds: float = FINAL_ED
 
 def final_text(text: str, outcome: Outcome, note: str | None) -> str:
     """The reply's last form: the answer, then the stop mark or the failure reason."""
-    if outcome in MARKS:
-        return _marked(text, MARKS[outcome])
+    mark = ending_mark(outcome, note)
+    if mark:
+        return _marked(text, mark)
     if outcome is Outcome.FAILED:
         reason = f"⚠️ {note}" if note else "⚠️ the reply failed"
         return f"{text}\n\n{reason}" if text else reason

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol, TextIO
 
 from channels.places import TerminalPlace
-from channels.rendering import MARKS
+from channels.rendering import ending_mark
 from channels.settings import TerminalSettings
 from core.channel import (
     ChannelMessage,
@@ -190,8 +190,9 @@ class TerminalReply:
         self._show(Frame(text))
         if self._section is None:
             self._start("text")
-        if outcome in MARKS:
-            self._write_raw(self._dimmed(f" {MARKS[outcome]}"))
+        mark = ending_mark(outcome, note)
+        if mark:
+            self._write_raw(self._dimmed(f" {mark}"))
         elif outcome is Outcome.FAILED:
             self._write_raw(("\n" if self._text else "") + f"[failed] {printable(note or '')}")
         self._write_raw("\n")

@@ -150,23 +150,39 @@ def describe_usage(turns: Sequence[Turn], context: ContextReport | None = None) 
     if first_shown:
         lines.append(f"(turns 1-{first_shown} are only in the total)")
     for number, turn in enumerate(turns[first_shown:], start=first_shown + 1):
-        spent = _spent(turn.model_calls, turn.prompt_tokens, turn.output_tokens, turn.model_seconds)
-        lines.append(f"#{number} {turn.status}: {spent}")
+        spent = _spent(
+            turn.model_calls,
+            _tokens([turn.prompt_tokens]),
+            _tokens([turn.output_tokens]),
+            turn.model_seconds,
+        )
+        wrapped = ", answered at the limit of its model calls" if turn.wrapped_up else ""
+        lines.append(f"#{number} {turn.status}{wrapped}: {spent}")
     lines.append(
         "Total: "
         + _spent(
             sum(t.model_calls for t in turns),
-            sum(t.prompt_tokens for t in turns),
-            sum(t.output_tokens for t in turns),
+            _tokens([t.prompt_tokens for t in turns]),
+            _tokens([t.output_tokens for t in turns]),
             sum(t.model_seconds for t in turns),
         )
     )
+    if any(t.prompt_tokens is None for t in turns):
+        lines.append("(? : tokens not known for a model call cut short)")
     if context is not None:
         lines.append(describe_context(context))
     return "\n".join(lines)
 
 
-def _spent(calls: int, tokens_in: int, tokens_out: int, seconds: float) -> str:
+def _tokens(counts: Sequence[int | None]) -> str:
+    """A sum of token counts; "?" for an unknown one ("120+?" when some are known)."""
+    known = sum(count for count in counts if count is not None)
+    if None not in counts:
+        return f"{known}"
+    return f"{known}+?" if known else "?"
+
+
+def _spent(calls: int, tokens_in: str, tokens_out: str, seconds: float) -> str:
     return (
         f"{calls} model {plural(calls, 'call')}, {tokens_in} tokens in, {tokens_out} out, "
         f"{seconds:.1f} s"

@@ -7,11 +7,18 @@ each finished message, each tool result, each call's usage) goes to the sink *sy
 happens, so a stop between two events can never leave one of them unrecorded.
 
 Contracts (ARCHITECTURE.md, "The agent loop's contracts"; each guarded in tests/core/test_loop.py):
-- usage reaches the sink right after each model call returns, before any tool runs;
-- every tool call gets exactly one result, in the order the model asked, on every path;
+- usage reaches the sink right after each model call returns, before any tool runs; a call cut
+  short reports its usage as unknown (None), not as zero;
+- every tool call gets exactly one result, sent to the model in the order the model asked, on
+  every path; each result reaches the sink the moment its tool finishes (so it is stored in the
+  order of completion, and a crash meanwhile cannot lose a finished result);
 - read-only tools run concurrently with their read-only neighbours;
-- at most `max_iterations` model calls; an empty reply gets one nudge (counted); a cap reached
-  with tool calls pending gets one more call without tools (not counted); nothing at all raises
+- no tool can hold the loop: a synchronous one runs in a thread; each runs under its timeout;
+  on a stop or a timeout it gets `tool_grace` seconds to unwind, then it is abandoned (its
+  result is "stopped" or "timed out", and whatever it does later changes nothing);
+- at most `max_iterations` model calls; every empty reply gets a continuation nudge on the next
+  call (counted); a cap reached with tool calls pending gets one more call without tools (not
+  counted, and the result says it was wrapped up); a cap reached with only empty replies raises
   `DegenerateTurn`;
 - a sink that raises is logged and ignored: observers never change the outcome;
 - with a `Compactor`, every model call is a safe point: before it (every tool call has its
@@ -31,7 +38,7 @@ from core.context import Compactor
 from core.errors import DegenerateTurn
 from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, Usage
 from core.model import ChunkCallback, ModelReply, StatusCallback
-from core.tools import Tool, argument_problems
+from core.tools import Tool, abandon, argument_problems
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +91,8 @@ class LoopSettings:
     think: bool | None = None
     max_iterations: int = 10
     tool_timeout: float = 60.0
+    tool_grace: float = 2.0
+    """Seconds a stopped or timed-out tool gets to unwind before it is abandoned."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +122,6 @@ class AgentLoop:
 
     async def run(self, messages: list[dict[str, Any]]) -> LoopResult:
         """Run until the model answers; `messages` gains every message the turn produces."""
-        nudged = False
         extra: list[dict[str, Any]] = []
         tools_pending = False
         for model_calls in range(1, self._settings.max_iterations + 1):
@@ -125,12 +133,7 @@ class AgentLoop:
                 continue
             if message.text.strip():
                 return LoopResult(message, model_calls, wrapped_up=False, cut=message.partial)
-            if nudged:
-                raise DegenerateTurn(
-                    f"{self._settings.model} gave an empty reply again after a nudge; try "
-                    "again or rephrase your message"
-                )
-            nudged, extra = True, [{"role": "user", "content": NUDGE}]
+            extra = [{"role": "user", "content": NUDGE}]
         if not tools_pending:
             raise DegenerateTurn(
                 f"{self._settings.model} ended its last allowed model call with an empty reply; "
@@ -175,7 +178,7 @@ class AgentLoop:
                 options=self._context.options if self._context is not None else None,
             )
         except BaseException as exc:
-            usage = Usage(seconds=time.monotonic() - started)
+            usage = Usage(None, None, seconds=time.monotonic() - started)
             self._keep_partial(streamed, usage, messages, isinstance(exc, asyncio.CancelledError))
             raise
         if self._context is not None:
@@ -214,7 +217,9 @@ class AgentLoop:
         self._record(usage, message, messages)
         ending = "stopped" if stopped else "ended by an error"
         for call in message.tool_calls:
-            self._finish(_unfinished_result(call, started=False, ending=ending), messages)
+            result = _unfinished_result(call, started=False, ending=ending)
+            messages.append(result.to_wire())
+            self._emit(self._sink.tool_finished, result)
 
     async def _run_tools(self, calls: Sequence[ToolCall], messages: list[dict[str, Any]]) -> None:
         results: dict[str, ToolResult] = {}
@@ -226,8 +231,10 @@ class AgentLoop:
                         group.create_task(self._run_one(call, results, started))
         finally:
             for call in calls:
-                unfinished = _unfinished_result(call, call.call_id in started, ending="stopped")
-                self._finish(results.get(call.call_id) or unfinished, messages)
+                if call.call_id not in results:
+                    stopped = _unfinished_result(call, call.call_id in started, ending="stopped")
+                    self._finished(stopped, results)
+                messages.append(results[call.call_id].to_wire())
 
     def _batches(self, calls: Sequence[ToolCall]) -> list[list[ToolCall]]:
         """Consecutive read-only calls share a batch and overlap; any other call runs alone."""
@@ -248,7 +255,11 @@ class AgentLoop:
     ) -> None:
         started.add(call.call_id)
         self._emit(self._sink.tool_started, call)
-        results[call.call_id] = await self._result_of(call)
+        self._finished(await self._result_of(call), results)
+
+    def _finished(self, result: ToolResult, results: dict[str, ToolResult]) -> None:
+        results[result.call.call_id] = result
+        self._emit(self._sink.tool_finished, result)
 
     async def _result_of(self, call: ToolCall) -> ToolResult:
         tool = self._tools.get(call.name)
@@ -268,20 +279,35 @@ class AgentLoop:
                 ToolStatus.INVALID_ARGUMENTS,
             )
         limit = tool.timeout or self._settings.tool_timeout
+        running = asyncio.ensure_future(tool.invoke(call.arguments))
         try:
-            async with asyncio.timeout(limit):
-                return ToolResult(call, await tool.invoke(call.arguments))
-        except TimeoutError:
+            await asyncio.wait({running}, timeout=limit)
+        except asyncio.CancelledError:  # a stop: the tool unwinds, or is left behind
+            await self._unwind(running, call)
+            raise
+        if not running.done():
+            await self._unwind(running, call)
             return ToolResult(
                 call,
                 f"'{call.name}' did not finish within {limit:g} s and was cancelled.",
                 ToolStatus.TIMEOUT,
             )
-        except Exception as exc:
-            logger.warning("tool %s failed: %s: %s", call.name, type(exc).__name__, exc)
-            return ToolResult(
-                call, f"'{call.name}' failed: {type(exc).__name__}: {exc}", ToolStatus.ERROR
-            )
+        if not running.cancelled() and running.exception() is None:
+            return ToolResult(call, running.result())
+        problem = asyncio.CancelledError() if running.cancelled() else running.exception()
+        logger.warning("tool %s failed: %s: %s", call.name, type(problem).__name__, problem)
+        return ToolResult(
+            call, f"'{call.name}' failed: {type(problem).__name__}: {problem}", ToolStatus.ERROR
+        )
+
+    async def _unwind(self, running: "asyncio.Future[str]", call: ToolCall) -> None:
+        """Cancel a tool and give it `tool_grace` seconds to end; past that, abandon it."""
+        running.cancel()
+        await asyncio.wait({running}, timeout=self._settings.tool_grace)
+        if not running.done():
+            abandon(running, call.name, self._settings.tool_grace)
+        elif not running.cancelled():
+            running.exception()  # retrieved: it ended on its own terms, after the fact
 
     def _record(
         self, usage: Usage, message: AssistantMessage | None, messages: list[dict[str, Any]]
@@ -289,10 +315,6 @@ class AgentLoop:
         if message is not None:
             messages.append(message.to_wire())
         self._emit(self._sink.model_call_finished, usage, message)
-
-    def _finish(self, result: ToolResult, messages: list[dict[str, Any]]) -> None:
-        messages.append(result.to_wire())
-        self._emit(self._sink.tool_finished, result)
 
     def _emit(self, callback: Callable[..., None], *args: Any) -> None:
         try:

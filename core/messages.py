@@ -63,24 +63,29 @@ class AssistantMessage:
 
 @dataclass(frozen=True)
 class Usage:
-    """The cost of one model call, recorded as soon as the call returns."""
+    """The cost of one model call, recorded as soon as the call returns. Tokens are None when
+    unknown: a call cut short never hears its counts, and zero would be a claim."""
 
-    prompt_tokens: int = 0
-    output_tokens: int = 0
+    prompt_tokens: int | None = 0
+    output_tokens: int | None = 0
     seconds: float = 0.0
 
 
 @dataclass
 class UsageTotals:
-    """Running totals over many model calls (a turn, a conversation)."""
+    """Running totals over many model calls (a turn, a conversation). Token totals count what is
+    known; `unknown_calls` says how many calls' tokens are not in them."""
 
     model_calls: int = 0
     prompt_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
+    unknown_calls: int = 0
 
     def add(self, usage: Usage) -> None:
         self.model_calls += 1
-        self.prompt_tokens += usage.prompt_tokens
-        self.output_tokens += usage.output_tokens
+        if usage.prompt_tokens is None or usage.output_tokens is None:
+            self.unknown_calls += 1
+        self.prompt_tokens += usage.prompt_tokens or 0
+        self.output_tokens += usage.output_tokens or 0
         self.seconds += usage.seconds

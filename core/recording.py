@@ -161,9 +161,19 @@ class TurnRecorder(LoopSink):
             self._reply_ids = posted
             self._write([], state=self._state())
 
-    def finish(self, status: str, stop_reason: str | None, error: str | None) -> None:
+    def finish(
+        self, status: str, stop_reason: str | None, error: str | None, *, wrapped_up: bool = False
+    ) -> None:
         """Queue the turn's ending, with its answer if it was held."""
-        state = TurnState(status, self.usage, stop_reason, error, utc_now(), self._reply_ids)
+        state = TurnState(
+            status,
+            self.usage,
+            stop_reason,
+            error,
+            utc_now(),
+            self._reply_ids,
+            wrapped_up=wrapped_up,
+        )
         self._ending = state
         self._write(self._take_answer(), state=state)
 

@@ -199,6 +199,7 @@ class TurnState:
     ended_at: datetime | None = None
     reply_ids: tuple[str, ...] = ()
     delivery: str | None = None
+    wrapped_up: bool = False
 
 
 TurnMessage = AssistantMessage | ToolResult
@@ -718,15 +719,19 @@ def _state_values(state: TurnState) -> dict[str, Any]:
         "ended_at": state.ended_at,
         "reply_ids": list(state.reply_ids) or None,
         "delivery": state.delivery,
+        "wrapped_up": state.wrapped_up,
         **_usage_values(state.usage),
     }
 
 
 def _usage_values(usage: UsageTotals) -> dict[str, Any]:
+    """Token totals are NULL when a call's counts are unknown (it was cut short): a sum of the
+    known ones would claim to be the whole."""
+    known = not usage.unknown_calls
     return {
         "model_calls": usage.model_calls,
-        "prompt_tokens": usage.prompt_tokens,
-        "output_tokens": usage.output_tokens,
+        "prompt_tokens": usage.prompt_tokens if known else None,
+        "output_tokens": usage.output_tokens if known else None,
         "model_seconds": usage.seconds,
     }
 

@@ -70,9 +70,12 @@ class Turn(SQLModel, table=True):
     stop_reason: str | None = Field(default=None, max_length=40)
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     model_calls: int = 0
-    prompt_tokens: int = 0
-    output_tokens: int = 0
+    prompt_tokens: int | None = 0
+    """None when a call's counts are unknown (one was cut short); so is `output_tokens`."""
+    output_tokens: int | None = 0
     model_seconds: float = 0.0
+    wrapped_up: bool = False
+    """The model ran out of calls with tools pending and answered in one more call without."""
     reply_ids: list[str] | None = Field(default=None, sa_column=Column(JSON))
     """The platform's ids of the messages the reply posted, so a restart can find them."""
     delivery: str | None = Field(default=None, max_length=20)
@@ -124,7 +127,7 @@ class Compaction(SQLModel, table=True):
     tokens_before: int = 0
     tokens_after: int = 0
     model_calls: int = 0
-    prompt_tokens: int = 0
-    output_tokens: int = 0
+    prompt_tokens: int | None = 0
+    output_tokens: int | None = 0
     model_seconds: float = 0.0
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))

@@ -7,9 +7,18 @@ the model sees can never drift from the code that runs. Parameters may carry a d
 the agent loop turns a failed check into a tool result the model can act on.
 
 `read_only` tools touch nothing outside themselves, so the loop may run several at once.
+
+A synchronous tool runs in a thread of its own, so however long it works the event loop (every
+other conversation, `/stop`) goes on. The thread is a daemon: one the loop gave up on cannot keep
+the process from exiting. An async tool runs on the loop as a task; one the loop gave up on
+(`abandon`) is remembered until it ends, so the process can exit without waiting for it.
 """
 
+import asyncio
+import contextlib
 import inspect
+import logging
+import threading
 import types
 import typing
 from collections.abc import Awaitable, Callable, Iterable
@@ -19,6 +28,8 @@ from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from core.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 ToolFunction = Callable[..., Awaitable[str] | str]
 
@@ -46,10 +57,64 @@ class Tool:
         }
 
     async def invoke(self, arguments: dict[str, Any]) -> str:
-        outcome = self.function(**arguments)
-        if inspect.isawaitable(outcome):
-            outcome = await outcome
-        return str(outcome)
+        if inspect.iscoroutinefunction(self.function):
+            return str(await self.function(**arguments))
+        return str(await _in_thread(self.name, self.function, arguments))
+
+
+def _in_thread(
+    name: str, function: ToolFunction, arguments: dict[str, Any]
+) -> "asyncio.Future[Any]":
+    """`function(**arguments)` in a daemon thread; a future of its outcome. Cancelling the future
+    stops nobody waiting on the thread, which finishes unobserved."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(outcome: Any, error: BaseException | None) -> None:
+        if future.done():  # given up on: the outcome changes nothing
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(outcome)
+
+    def run() -> None:
+        try:
+            outcome, error = function(**arguments), None
+        except Exception as exc:
+            outcome, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop has closed meanwhile
+            loop.call_soon_threadsafe(settle, outcome, error)
+
+    threading.Thread(target=run, name=f"tool {name}", daemon=True).start()
+    return future
+
+
+_ABANDONED: set["asyncio.Future[Any]"] = set()
+
+
+def abandon(running: "asyncio.Future[Any]", name: str, grace: float) -> None:
+    """Give up on a tool that did not end within `grace` seconds of being cancelled: whatever it
+    does later is ignored, and it is remembered until it ends (`abandoned_tools`)."""
+    logger.warning(
+        "tool %s did not stop within %g s of being cancelled; it is abandoned and its result "
+        "will be ignored",
+        name,
+        grace,
+    )
+    _ABANDONED.add(running)
+    running.add_done_callback(_forget)
+
+
+def _forget(running: "asyncio.Future[Any]") -> None:
+    _ABANDONED.discard(running)
+    if not running.cancelled():
+        running.exception()  # retrieved, so asyncio does not log it
+
+
+def abandoned_tools() -> int:
+    """How many abandoned tools have still not ended."""
+    return len(_ABANDONED)
 
 
 def tool(

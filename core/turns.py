@@ -75,6 +75,7 @@ from core.messages import Usage, UsageTotals
 from core.pump import FramePump
 from core.recording import TurnRecorder
 from core.store import CompactionRecord, StartedTurn, Store, TurnStart, not_awaited
+from core.text import plural
 from core.tools import Tool
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ class TurnSettings:
 
     agent: AgentProfile
     tool_timeout: float = 60.0
+    tool_grace: float = 2.0
     max_cached_conversations: int = 1000
     context: ContextPolicy = field(default_factory=ContextPolicy)
 
@@ -154,6 +156,9 @@ class TurnResult:
     text: str = ""
     error: str | None = None
     turn_id: int | None = None
+    model_calls: int = 0
+    wrapped_up: bool = False
+    """The model ran out of calls with tools pending and answered in one more call without."""
 
 
 @dataclass(frozen=True)
@@ -403,6 +408,7 @@ class TurnRunner:
                 think=agent.think,
                 max_iterations=agent.max_iterations,
                 tool_timeout=settings.tool_timeout,
+                tool_grace=settings.tool_grace,
             ),
             Compactor(
                 self._model,
@@ -413,12 +419,13 @@ class TurnRunner:
             ),
         )
         began = time.monotonic()
-        outcome, note = await self._run_loop(loop, messages, stopped_early, request)
+        outcome, note, wrapped_up = await self._run_loop(loop, messages, stopped_early, request)
         turn.finishing = True  # the outcome is decided: a stop from here on changes nothing
         pump.halt()  # no frame after the answer is complete; the last edit is the notice's
         _replace(messages, sent, said)  # images go to the model with their own turn only
         # invariant 5: records first (awaited whole, whatever cancellation lands meanwhile) ...
-        recorder.finish(outcome.value, turn.stop_reason, note)
+        error = note if outcome is Outcome.FAILED else None
+        recorder.finish(outcome.value, turn.stop_reason, error, wrapped_up=wrapped_up)
         text = recorder.display_text()
         failure = await _store_failure(recorder)
         if failure is not None:
@@ -433,7 +440,8 @@ class TurnRunner:
         # ... then the notice, which a second cancellation may cut short without losing anything.
         await self._notify(pump, reply, text, outcome, note, recorder.frame().tools)
         self._note_delivery(request, recorder, reply)
-        return TurnResult(outcome.value, text, note, recorder.turn_id)
+        calls = recorder.usage.model_calls
+        return TurnResult(outcome.value, text, error, recorder.turn_id, calls, wrapped_up)
 
     def _note_delivery(self, request: TurnRequest, recorder: TurnRecorder, reply: Reply) -> None:
         """A reply the platform does not show in full is said in the log and the store."""
@@ -454,20 +462,25 @@ class TurnRunner:
         messages: list[dict[str, object]],
         stopped_early: bool,
         request: TurnRequest,
-    ) -> tuple[Outcome, str | None]:
+    ) -> tuple[Outcome, str | None, bool]:
+        """How the loop ended, the note to show with it, and whether it was wrapped up."""
         if stopped_early:  # stopped while the turn was being opened
-            return Outcome.STOPPED, None
+            return Outcome.STOPPED, None, False
         try:
             result = await loop.run(messages)
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            return Outcome.STOPPED, None
+            return Outcome.STOPPED, None, False
         except KaiwaError as exc:
-            return Outcome.FAILED, str(exc)
+            return Outcome.FAILED, str(exc), False
         except Exception as exc:
             logger.exception("turn in %s failed unexpectedly", request.place)
-            return Outcome.FAILED, f"internal error ({type(exc).__name__}); see the log"
-        return (Outcome.CUT if result.cut else Outcome.DONE), None
+            return Outcome.FAILED, f"internal error ({type(exc).__name__}); see the log", False
+        outcome = Outcome.CUT if result.cut else Outcome.DONE
+        if result.wrapped_up:
+            calls = result.model_calls
+            return outcome, f"answered at the limit of {calls} model {plural(calls, 'call')}", True
+        return outcome, None, False
 
     async def _prepare(
         self, slot: _Slot, agent: AgentProfile
@@ -619,12 +632,13 @@ class TurnRunner:
     ) -> None:
         """One line per turn: where, which conversation, how it ended and why, what it cost."""
         usage = recorder.usage
+        unknown = "+?" if usage.unknown_calls else ""
         ending = f" stop_reason={stop_reason}" if outcome is Outcome.STOPPED else ""
         if outcome is Outcome.FAILED and note:
             ending = f" reason={' '.join(note.split())!r}"
         logger.info(
             "turn %s place=%s conversation=%s provenance=%s outcome=%s%s model_calls=%d "
-            "tokens_in=%d tokens_out=%d seconds=%.2f",
+            "tokens_in=%d%s tokens_out=%d%s seconds=%.2f",
             recorder.turn_id,
             request.place,
             recorder.conversation_id,
@@ -633,7 +647,9 @@ class TurnRunner:
             ending,
             usage.model_calls,
             usage.prompt_tokens,
+            unknown,
             usage.output_tokens,
+            unknown,
             seconds,
         )
 

@@ -99,6 +99,7 @@ async def make_bot(
         images: bool = False,
         bot_store: Store | None = None,
         context_window: int = 0,
+        tool_grace: float = 2.0,
     ) -> Bot:
         channel = channel or RecordingChannel()
         chosen = tools if tools is not None else [echo, *builtin_tools("UTC")]
@@ -113,6 +114,7 @@ async def make_bot(
                 context_window=context_window,
             ),
             tool_timeout=5.0,
+            tool_grace=tool_grace,
             max_cached_conversations=max_cached_conversations,
         )
         used_store = bot_store or store

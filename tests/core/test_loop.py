@@ -1,6 +1,8 @@
 """The agent loop against the fake Ollama through the real client: its contracts, one by one."""
 
 import asyncio
+import contextlib
+import threading
 from typing import Annotated, Any
 
 import pytest
@@ -9,7 +11,7 @@ from core.errors import DegenerateTurn
 from core.loop import NUDGE, WRAP_UP, AgentLoop, LoopSettings
 from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, Usage
 from core.model import ModelClient
-from core.tools import Tool, builtin_tools, tool
+from core.tools import Tool, abandoned_tools, builtin_tools, tool
 from tests.fakes.ollama import Done, FakeOllama, Pause, Text, Thinking
 from tests.fakes.ollama import ToolCall as CallStep
 
@@ -156,9 +158,9 @@ async def test_read_only_tools_overlap_and_results_keep_order(
 
     await loop.run(messages)
 
-    assert [r.content for r in events.of("result")] == ["slow first", "slow second"]
+    assert {r.content for r in events.of("result")} == {"slow first", "slow second"}
     tool_messages = [m["content"] for m in messages if m["role"] == "tool"]
-    assert tool_messages == ["slow first", "slow second"]
+    assert tool_messages == ["slow first", "slow second"], "sent in the order asked"
 
 
 async def test_tools_that_may_not_overlap_run_one_at_a_time(
@@ -246,25 +248,43 @@ async def test_empty_reply_gets_one_nudge(ollama: FakeOllama, model: ModelClient
     assert all(m.get("content") != NUDGE for m in messages), "the nudge is not history"
 
 
-async def test_two_empty_replies_fail_loudly(ollama: FakeOllama, model: ModelClient) -> None:
+async def test_every_empty_reply_is_nudged_within_the_cap(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    """As the seed loop does: each empty reply gets a nudge, and each nudged call counts."""
     ollama.script(Text(""))
     ollama.script(Text(""))
-    loop, _ = loop_for(model, [])
+    ollama.script(Text("Here it is."))
+    loop, _ = loop_for(model, [], max_iterations=3)
 
-    with pytest.raises(DegenerateTurn, match="empty reply again after a nudge"):
+    result = await loop.run(conversation())
+
+    assert (result.answer.text, result.model_calls, result.wrapped_up) == ("Here it is.", 3, False)
+    assert [r["messages"][-1]["content"] for r in ollama.requests[1:]] == [NUDGE, NUDGE]
+
+
+async def test_only_empty_replies_until_the_cap_fail_loudly(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    for _ in range(3):
+        ollama.script(Text(""))
+    loop, _ = loop_for(model, [], max_iterations=3)
+
+    with pytest.raises(DegenerateTurn, match="ended its last allowed model call with an empty"):
         await loop.run(conversation())
+    assert len(ollama.requests) == 3
 
 
-async def test_the_nudge_is_sent_once_per_turn(ollama: FakeOllama, model: ModelClient) -> None:
+async def test_a_nudge_goes_with_the_next_call_only(ollama: FakeOllama, model: ModelClient) -> None:
     ollama.script(Text(""))
     ollama.script(CallStep("echo", {"word": "x"}))
-    ollama.script(Text(""))
+    ollama.script(Text("Done."))
     loop, _ = loop_for(model, [echo])
 
-    with pytest.raises(DegenerateTurn, match="again after a nudge"):
-        await loop.run(conversation())
+    await loop.run(conversation())
+
     assert ollama.requests[1]["messages"][-1]["content"] == NUDGE
-    assert ollama.requests[2]["messages"][-1]["role"] == "tool", "the nudge went with one call"
+    assert ollama.requests[2]["messages"][-1]["role"] == "tool", "no nudge after a tool call"
 
 
 async def test_cap_reached_with_tool_pending_forces_a_wrap_up(
@@ -397,3 +417,103 @@ def test_schema_comes_from_type_hints() -> None:
         },
         "required": ["city"],
     }
+
+
+async def test_a_synchronous_tool_runs_off_the_loop_and_under_its_timeout(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    """It blocks its thread until released; the loop times it out and goes on meanwhile (on
+    the event loop it would have blocked the timeout itself)."""
+    release = threading.Event()
+
+    @tool(timeout=0.1)
+    def blocking() -> str:
+        """Block until released."""
+        release.wait(10)
+        return "too late"
+
+    ollama.script(CallStep("blocking", {}))
+    ollama.script(Text("It took too long."))
+    loop, events = loop_for(model, [blocking], tool_grace=0.05)
+    try:
+        result = await loop.run(conversation())
+    finally:
+        release.set()
+
+    (timed_out,) = events.of("result")
+    assert timed_out.status is ToolStatus.TIMEOUT
+    assert "did not finish within 0.1 s" in timed_out.content
+    assert result.answer.text == "It took too long."
+
+
+async def test_a_tool_that_swallows_cancellation_is_abandoned_after_its_grace(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    started, release, ended = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    @tool(timeout=0.1)
+    async def stubborn() -> str:
+        """Ignore every cancellation until released."""
+        started.set()
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()
+        ended.set()
+        return "finally"
+
+    ollama.script(CallStep("stubborn", {}))
+    ollama.script(Text("Gave up on it."))
+    loop, events = loop_for(model, [stubborn], tool_grace=0.05)
+    abandoned = abandoned_tools()
+
+    result = await loop.run(conversation())
+
+    assert result.answer.text == "Gave up on it."
+    assert [r.status for r in events.of("result")] == [ToolStatus.TIMEOUT]
+    assert abandoned_tools() == abandoned + 1
+    release.set()
+    await ended.wait()
+    assert [r.status for r in events.of("result")] == [ToolStatus.TIMEOUT], "it changed nothing"
+
+
+async def test_each_result_reaches_the_sink_as_its_tool_finishes(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    """Stored in the order of completion; sent to the model in the order asked."""
+    second_done = asyncio.Event()
+
+    @tool(read_only=True)
+    async def waits(label: str) -> str:
+        """Finish once the other has."""
+        await second_done.wait()
+        return label
+
+    @tool(read_only=True)
+    async def quick(label: str) -> str:
+        """Finish at once."""
+        second_done.set()
+        return label
+
+    ollama.script(CallStep("waits", {"label": "first"}), CallStep("quick", {"label": "second"}))
+    ollama.script(Text("done"))
+    loop, events = loop_for(model, [waits, quick])
+    messages = conversation()
+
+    await loop.run(messages)
+
+    assert [r.content for r in events.of("result")] == ["second", "first"]
+    assert [m["content"] for m in messages if m["role"] == "tool"] == ["first", "second"]
+
+
+async def test_a_call_cut_short_has_unknown_usage(ollama: FakeOllama, model: ModelClient) -> None:
+    ollama.script(Text("Half"), Pause("cut"), Text(" and the rest"))
+    loop, events = loop_for(model, [])
+    running = asyncio.create_task(loop.run(conversation()))
+    await ollama.reached("cut")
+
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+
+    (usage,) = events.of("usage")
+    assert (usage.prompt_tokens, usage.output_tokens) == (None, None)

@@ -5,13 +5,14 @@ recording channel wakes waiters on every frame; nothing here sleeps.
 """
 
 import asyncio
+import contextlib
 
 import pytest
 
 from core.channel import Delivery, Outcome
 from core.messages import ToolStatus
 from core.store import Store
-from core.tools import tool
+from core.tools import Tool, tool
 from core.turns import Provenance, TurnRequest
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import Done, ErrorLine, HttpError, Pause, Text, ToolCall
@@ -376,7 +377,7 @@ async def test_invariant_7_shutdown_waits_for_every_turn(bot: Bot) -> None:
 @pytest.mark.parametrize(
     ("steps", "message"),
     [
-        ([HttpError(503, "busy")], "Ollama answered HTTP 503: busy"),
+        ([HttpError(500, "internal error")], "Ollama answered HTTP 500: internal error"),
         ([Text("half"), ErrorLine("runner died")], "error mid-reply: runner died"),
         ([Text("")], None),
     ],
@@ -386,7 +387,7 @@ async def test_failures_end_the_turn_with_a_reason(
     bot: Bot, steps: list[object], message: str | None
 ) -> None:
     bot.ollama.script(*steps)  # type: ignore[arg-type]
-    bot.ollama.script(Text(""))
+    bot.ollama.default = [Text("")]  # every nudged call empty too
 
     await bot.send("hi")
     (reply,) = await bot.channel.finished()
@@ -478,3 +479,139 @@ async def test_a_message_with_nothing_to_read_gets_a_hint_not_a_turn(bot: Bot) -
         "Ask me something: I read text, so write your question as a message."
     ]
     assert bot.ollama.requests == []
+
+
+# -- tools that misbehave, results as they finish, wrap-ups, tries again, unknown usage ------------
+
+
+def stubborn_tool(started: asyncio.Event, release: asyncio.Event) -> Tool:
+    @tool()
+    async def stubborn() -> str:
+        """Ignore every cancellation until released."""
+        started.set()
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()
+        return "finally"
+
+    return stubborn
+
+
+async def test_stop_ends_a_turn_whose_tool_ignores_cancellation(make_bot: BotFactory) -> None:
+    """It used to answer "Stopped." while the turn ran on, with the conversation locked."""
+    started, release = asyncio.Event(), asyncio.Event()
+    bot = make_bot(tools=[stubborn_tool(started, release)], tool_grace=0.05)
+    bot.ollama.script(ToolCall("stubborn", {}))
+    await bot.send("go")
+    await started.wait()
+
+    await bot.send("/stop")
+    (stopped,) = await bot.channel.finished()
+    bot.ollama.script(Text("Still here."))
+    await bot.send("are you there?")
+    (_, answered) = await bot.channel.finished(2)
+    release.set()
+
+    assert stopped.outcome is Outcome.STOPPED
+    assert bot.channel.notices_in(PLACE) == ["Stopped."]
+    assert answered.text == "Still here."
+    (result,) = [row for row in await bot.history() if row.role == "tool"]
+    assert result.tool_status == ToolStatus.STOPPED.value
+
+
+async def test_shutdown_does_not_wait_for_a_tool_that_ignores_cancellation(
+    make_bot: BotFactory,
+) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+    bot = make_bot(tools=[stubborn_tool(started, release)], tool_grace=0.05)
+    bot.ollama.script(ToolCall("stubborn", {}))
+    await bot.send("go")
+    await started.wait()
+
+    try:
+        async with asyncio.timeout(5):  # a guard: the grace is 0.05 s
+            report = await bot.runner.shutdown()
+    finally:
+        release.set()
+
+    assert report.running == 1
+    assert (await bot.turns())[-1].status == "stopped"
+
+
+async def test_a_finished_tool_result_is_stored_while_the_next_tool_runs(
+    make_bot: BotFactory,
+) -> None:
+    """A crash while the second runs must not lose the first, whose side effect happened."""
+    second_started, release = asyncio.Event(), asyncio.Event()
+
+    @tool()
+    def first() -> str:
+        """Done at once."""
+        return "first done"
+
+    @tool()
+    async def second() -> str:
+        """Wait to be released."""
+        second_started.set()
+        await release.wait()
+        return "second done"
+
+    bot = make_bot(tools=[first, second])
+    bot.ollama.script(ToolCall("first", {}), ToolCall("second", {}))
+    bot.ollama.script(Text("Both done."))
+    await bot.send("go")
+    await second_started.wait()
+
+    stored = [row.text for row in await bot.history() if row.role == "tool"]
+    release.set()
+    await bot.channel.finished()
+
+    assert stored == ["first done"]
+
+
+async def test_a_wrapped_up_turn_says_so_on_the_platform_in_the_store_and_in_usage(
+    make_bot: BotFactory,
+) -> None:
+    bot = make_bot(max_iterations=2)
+    bot.ollama.script(ToolCall("echo", {"word": "a"}))
+    bot.ollama.script(ToolCall("echo", {"word": "b"}))
+    bot.ollama.script(Text("Here is what I have."))
+
+    result = await bot.runner.run_unattended(TurnRequest("test", PLACE, "dig deep"))
+    await bot.send("/usage")
+
+    (reply,) = await bot.channel.finished()
+    assert (reply.outcome, reply.note) == (Outcome.DONE, "answered at the limit of 2 model calls")
+    assert (result.status, result.model_calls, result.wrapped_up) == ("done", 3, True)
+    (turn,) = await bot.turns()
+    assert turn.wrapped_up and turn.model_calls == 3
+    (usage,) = bot.channel.notices_in(PLACE)
+    assert "#1 done, answered at the limit of its model calls: 3 model calls" in usage
+
+
+async def test_a_503_before_any_text_is_tried_again_and_shown_once(bot: Bot) -> None:
+    bot.ollama.script(HttpError(503, "busy"))
+    bot.ollama.script(Text("Fine, thanks.", chunks=3))
+
+    await bot.send("how are you?")
+    (reply,) = await bot.channel.finished()
+
+    assert (reply.outcome, reply.text) == (Outcome.DONE, "Fine, thanks.")
+    shown = [frame.text for frame in reply.frames]
+    assert all("Fine, thanks.".startswith(text) for text in shown), "never shown twice"
+    assert len(bot.ollama.requests) == 2
+
+
+async def test_the_tokens_of_a_call_cut_short_are_unknown_not_zero(bot: Bot) -> None:
+    bot.ollama.script(Text("Hello"), Pause("mid"), Text(" there."))
+    await bot.send("hi")
+    await bot.ollama.reached("mid")
+
+    await bot.send("/stop")
+    await bot.channel.finished()
+    await bot.send("/usage")
+
+    (turn,) = await bot.turns()
+    assert (turn.model_calls, turn.prompt_tokens, turn.output_tokens) == (1, None, None)
+    usage = bot.channel.notices_in(PLACE)[-1]
+    assert "#1 stopped: 1 model call, ? tokens in, ? out" in usage
