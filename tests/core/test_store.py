@@ -5,6 +5,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
@@ -262,3 +263,58 @@ async def test_statement_logs_never_show_what_people_wrote(
         await any_store.claim_inbound(Inbound("test", "1", "test:place", "my secret plan"))
     assert any("parameters hidden" in record.getMessage() for record in caplog.records)
     assert not any("my secret plan" in record.getMessage() for record in caplog.records)
+
+
+def upgrade_to(database_url: str, revision: str) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as connection:
+            if connection.dialect.name == "sqlite":
+                connection.exec_driver_sql("PRAGMA foreign_keys = ON")  # as the store has it
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+    finally:
+        engine.dispose()
+
+
+async def test_a_database_with_rows_upgrades_to_the_newest_schema(database_url: str) -> None:
+    """Migration 0005 changes columns of `turns`, which SQLite does by copying the table while
+    messages point at it: with foreign keys enforced that failed on every database with rows."""
+    upgrade_to(database_url, "0004")
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO conversations (id, place, agent, system_prompt, created_at) "
+                    "VALUES (1, 'test:old', 'a', 'System.', CURRENT_TIMESTAMP)"
+                )
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO turns (id, conversation_id, provenance, attempt, status, "
+                    "model_calls, prompt_tokens, output_tokens, model_seconds, started_at) "
+                    "VALUES (1, 1, 'person', 1, 'done', 1, 10, 5, 0.1, CURRENT_TIMESTAMP)"
+                )
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO messages (conversation_id, turn_id, seq, role, text, thinking, "
+                    "partial, stopped, created_at, updated_at) VALUES (1, 1, 0, 'user', 'hi', '', "
+                    "false, false, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                )
+            )
+    finally:
+        engine.dispose()
+
+    store = await Store.open(database_url)
+    try:
+        stored = await store.conversation_of("test:old")
+        (turn,) = await store.turns(1)
+    finally:
+        await store.close()
+
+    assert [row.text for row in stored.messages] == ["hi"]
+    assert (turn.prompt_tokens, turn.wrapped_up) == (10, False)
