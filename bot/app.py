@@ -227,6 +227,8 @@ async def _serve(
                 logger.error("stopping: %s: %s", ended.platform, ended.error, extra=PRINTED)
                 sys.stderr.write(f"kaiwa: stopping: {ended.platform}: {ended.error}\n")
                 status = 1
+            elif ended.platform == TerminalChannel.platform:
+                await _answer_what_was_typed(runner, channels[ended.platform], stop_wait)
     finally:
         for each in supervised:
             await each.stop()
@@ -244,6 +246,17 @@ async def _serve(
             plural(stopped.dropped, "message"),
         )
     return status
+
+
+async def _answer_what_was_typed(
+    runner: TurnRunner, terminal: Channel, stop_wait: "asyncio.Task[object]"
+) -> None:
+    """The terminal's input ended (Ctrl-D, or the end of a pipe): answer what was sent before
+    leaving, as `echo hi | kaiwa run` expects; a stop (Ctrl-C) still ends it at once."""
+    assert isinstance(terminal, TerminalChannel)
+    answered = asyncio.create_task(runner.wait_idle(terminal.place), name="answering the terminal")
+    await asyncio.wait([answered, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+    answered.cancel()
 
 
 def access_rules(config: Config) -> AccessRules:

@@ -288,3 +288,20 @@ async def test_status_reads_the_store_without_starting_anything(
         "terminal:local: Ollama answered HTTP 500: model runner crashed; "
         "check the Ollama server log"
     )
+
+
+async def test_the_end_of_a_pipe_waits_for_its_answer(ollama: FakeOllama, tmp_path: Path) -> None:
+    """`echo hi | kaiwa run` used to stop the reply at the end of input and leave it unanswered."""
+    ollama.script(Pause("slow"), Text("Answered before leaving."))
+    config = write_config(tmp_path, ollama.url)
+    process = await kaiwa("--config", str(config), stdin=asyncio.subprocess.PIPE)
+    assert process.stdin is not None
+
+    process.stdin.write(b"hi there\n")
+    process.stdin.close()
+    await ollama.reached("slow")
+    ollama.release("slow")
+    code, out, err = await finish(process)
+
+    assert code == 0, err
+    assert "Answered before leaving." in out and "(stopped)" not in out
