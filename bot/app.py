@@ -50,24 +50,31 @@ class TerminalIO:
 
 
 def turn_settings(config: Config) -> TurnSettings:
-    """The assistant's agent profile with its tools; an unknown tool name fails here."""
+    """Every agent's profile with its tools (an unknown tool name fails here), the default one,
+    and the agent each channel gives a new conversation."""
     registry = ToolRegistry(builtin_tools(config.assistant.timezone))
-    name = config.assistant.agent
-    agent = config.agents[name]
-    profile = AgentProfile(
-        name=name,
-        model=agent.model,
-        system_prompt=agent.system_prompt,
-        tools=registry.select(agent.tools, config_key=f"agents.{name}.tools"),
-        think=agent.think,
-        max_iterations=agent.max_iterations,
-        images=agent.images,
-        context_window=agent.context_window,
-    )
-    for other, spec in config.agents.items():
-        registry.select(spec.tools, config_key=f"agents.{other}.tools")
+    profiles = {
+        name: AgentProfile(
+            name=name,
+            model=agent.model,
+            system_prompt=agent.system_prompt,
+            tools=registry.select(agent.tools, config_key=f"agents.{name}.tools"),
+            think=agent.think,
+            max_iterations=agent.max_iterations,
+            images=agent.images,
+            context_window=agent.context_window,
+        )
+        for name, agent in config.agents.items()
+    }
+    channel_agents = {
+        platform: settings.agent
+        for platform, settings in vars(config.channels).items()
+        if settings.agent
+    }
     return TurnSettings(
-        agent=profile,
+        agent=profiles[config.assistant.agent],
+        agents=profiles,
+        channel_agents=channel_agents,
         tool_timeout=config.limits.tool_timeout,
         tool_grace=config.limits.tool_grace,
         max_cached_conversations=config.limits.max_cached_conversations,

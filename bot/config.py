@@ -13,9 +13,18 @@ gives it.
 
 Which file: `--config PATH`, else `$KAIWA_CONFIG`, else `./config.toml` if present, else the
 embedded defaults. Relative paths in the file are relative to the file's folder.
+
+An agent profile may also be a Markdown file in `[assistant].profiles_dir`: a YAML front matter
+(`name`, `description`, `model`, `tools`, `max_iterations`, `delegates_to`) between `---` lines,
+then the system prompt as the body, which reads better there than in a TOML string. The front
+matter is read with PyYAML's safe loader (plain data only) and checked as strictly as the file.
+A profile file named like a table under `[agents]` replaces it, with a warning in the log.
+`delegates_to` must name defined agents and never lead back to where it started (a delegation
+could go on for ever): a cycle is refused with its path.
 """
 
 import dataclasses
+import logging
 import os
 import tomllib
 import types
@@ -23,6 +32,8 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from channels.settings import (
     DiscordSettings,
@@ -36,7 +47,11 @@ from core.errors import ConfigError
 from core.model import ModelSettings
 from core.store import StoreSettings
 
+logger = logging.getLogger(__name__)
+
 CONFIG_ENV = "KAIWA_CONFIG"
+FRONT_MATTER = "---"
+PROFILE_KEYS = ("name", "description", "model", "tools", "max_iterations", "delegates_to")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 SLACK_MODES = ("socket", "http")
@@ -52,6 +67,7 @@ DEFAULT_SYSTEM_PROMPT = (
 class AssistantConfig:
     agent: str = "assistant"
     timezone: str = ""
+    profiles_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,8 @@ class AgentConfig:
     tools: list[str] = field(default_factory=lambda: ["current_time"])
     max_iterations: int = 10
     context_window: int = 0
+    description: str = ""
+    delegates_to: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -160,8 +178,51 @@ def load_config(path: Path | None) -> Config:
         raise ConfigError(f"config file {path} does not exist") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    config = _build(Config, data, "")
-    return _checked(dataclasses.replace(config, base_dir=path.resolve().parent))
+    config = dataclasses.replace(_build(Config, data, ""), base_dir=path.resolve().parent)
+    return _checked(_with_profile_files(config))
+
+
+def _with_profile_files(config: Config) -> Config:
+    """`config` with the profiles of `[assistant].profiles_dir` among its agents."""
+    if not config.assistant.profiles_dir:
+        return config
+    folder = config.base_dir / config.assistant.profiles_dir
+    if not folder.is_dir():
+        raise ConfigError(
+            f"'assistant.profiles_dir' is {config.assistant.profiles_dir!r}, but {folder} is not "
+            "a folder"
+        )
+    agents = dict(config.agents)
+    for path in sorted(folder.glob("*.md")):
+        name, profile = _read_profile(path)
+        if name in agents:
+            logger.warning("the profile in %s replaces the table [agents.%s]", path, name)
+        agents[name] = profile
+    return dataclasses.replace(config, agents=agents)
+
+
+def _read_profile(path: Path) -> tuple[str, AgentConfig]:
+    """A Markdown profile: its name (the front matter's, else the file's) and its settings."""
+    opening, _, rest = path.read_text(encoding="utf-8").partition("\n")
+    front, found, body = rest.partition(f"\n{FRONT_MATTER}\n")
+    if opening.strip() != FRONT_MATTER or not found:
+        raise ConfigError(f"{path}: a profile starts with a front matter between '---' lines")
+    try:
+        fields = yaml.safe_load(front) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: the front matter is not valid YAML ({exc})") from exc
+    if not isinstance(fields, dict):
+        raise ConfigError(f"{path}: the front matter must be keys and values")
+    unknown = sorted(set(fields) - set(PROFILE_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown key '{unknown[0]}'; valid keys: {', '.join(PROFILE_KEYS)}"
+        )
+    name = fields.pop("name", path.stem)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{path}: 'name' must be a string")
+    prompt = {"system_prompt": body.strip()} if body.strip() else {}
+    return name, _build(AgentConfig, {**fields, **prompt}, f"{path}: ")
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:
@@ -240,6 +301,36 @@ def _kind(value: Any) -> str:
     )
 
 
+def _check_delegation(agents: dict[str, AgentConfig]) -> None:
+    """Every `delegates_to` names a defined agent, and none leads back to where it started."""
+    for name, agent in agents.items():
+        for target in agent.delegates_to:
+            if target not in agents:
+                raise ConfigError(
+                    f"'agents.{name}.delegates_to' names '{target}', which is not defined; "
+                    f"defined agents: {', '.join(agents)}"
+                )
+    for start in agents:
+        cycle = _cycle_from(start, agents, [start])
+        if cycle:
+            raise ConfigError(
+                f"agents delegate in a circle: {' → '.join(cycle)}; remove one of these names "
+                "from the delegates_to of the agent before it"
+            )
+
+
+def _cycle_from(name: str, agents: dict[str, AgentConfig], path: list[str]) -> list[str]:
+    """The first path from `path[0]` back to itself through `name`'s delegates, or []."""
+    for target in agents[name].delegates_to:
+        if target == path[0]:
+            return [*path, target]
+        if target not in path:
+            found = _cycle_from(target, agents, [*path, target])
+            if found:
+                return found
+    return []
+
+
 def _check_context(config: Config) -> None:
     policy = config.context
     if not 0 < policy.compact_at < 1:
@@ -265,11 +356,16 @@ def _check_context(config: Config) -> None:
 
 def _checked(config: Config) -> Config:
     """Rules that span keys or bound values; each failure names the key."""
-    if config.assistant.agent not in config.agents:
-        raise ConfigError(
-            f"'assistant.agent' names '{config.assistant.agent}', which is not defined; "
-            f"defined agents: {', '.join(config.agents) or 'none'} (add [agents.<name>])"
-        )
+    named = {"assistant.agent": config.assistant.agent}
+    for platform, settings in vars(config.channels).items():
+        if settings.agent:
+            named[f"channels.{platform}.agent"] = settings.agent
+    for key, name in named.items():
+        if name not in config.agents:
+            raise ConfigError(
+                f"'{key}' names '{name}', which is not defined; defined agents: "
+                f"{', '.join(config.agents) or 'none'} (add [agents.<name>])"
+            )
     positive = {
         "ollama.connect_timeout": config.ollama.connect_timeout,
         "ollama.first_chunk_timeout": config.ollama.first_chunk_timeout,
@@ -292,6 +388,7 @@ def _checked(config: Config) -> Config:
         if isinstance(platform, PlatformSettings):
             positive[f"channels.{name}.edit_interval"] = platform.edit_interval
             positive[f"channels.{name}.final_edit_seconds"] = platform.final_edit_seconds
+    _check_delegation(config.agents)
     for name, agent in config.agents.items():
         positive[f"agents.{name}.max_iterations"] = agent.max_iterations
         if not agent.model:

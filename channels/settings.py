@@ -27,6 +27,8 @@ class ChannelSettings:
     """Show "thinking…" (the terminal: the thinking itself) while the model thinks."""
     show_tools: bool = True
     """Show a line for each tool the model uses."""
+    agent: str = ""
+    """The agent a new conversation here gets; empty: `[assistant].agent`."""
 
 
 @dataclass(frozen=True)

@@ -181,7 +181,7 @@ class Dispatcher:
 
     def _content_refusal(self, message: ChannelMessage) -> str | None:
         """Why the model cannot take this message, in words for the person, or None."""
-        agent = self._runner.settings.agent
+        agent = self._runner.agent_for(message.place, message.platform)
         if not message.text.strip() and not message.images:
             pictures = " and pictures" if agent.images else ""
             return f"Ask me something: I read text{pictures}, so write your question as a message."

@@ -108,13 +108,25 @@ class AgentProfile:
 
 @dataclass(frozen=True)
 class TurnSettings:
-    """Read once at the start of each turn (invariant 1: a snapshot, never a lock)."""
+    """Read once at the start of each turn (invariant 1: a snapshot, never a lock).
+
+    A conversation runs the agent stored with it; a new one gets its channel's agent
+    (`channel_agents`, by platform), else `agent`."""
 
     agent: AgentProfile
+    agents: Mapping[str, AgentProfile] = field(default_factory=dict)
+    """Every agent by name (`agent` is among them, whether listed or not)."""
+    channel_agents: Mapping[str, str] = field(default_factory=dict)
     tool_timeout: float = 60.0
     tool_grace: float = 2.0
     max_cached_conversations: int = 1000
     context: ContextPolicy = field(default_factory=ContextPolicy)
+
+    def named(self, name: str) -> AgentProfile | None:
+        return self.agent if name == self.agent.name else self.agents.get(name)
+
+    def for_new_conversation(self, platform: str) -> AgentProfile:
+        return self.named(self.channel_agents.get(platform, "")) or self.agent
 
 
 class TurnModel(ChatModel, Protocol):
@@ -185,6 +197,8 @@ class _Slot:
     a turn of None for the running turn's). The running turn's are added when needed."""
     calibration: Calibration = field(default_factory=Calibration)
     compactions: int = 0
+    agent: AgentProfile | None = None
+    """The agent the conversation runs, known once its history is read."""
 
 
 @dataclass(eq=False)
@@ -275,7 +289,7 @@ class TurnRunner:
                     conversation_id = active.id if active else None
                 if conversation_id is not None:
                     await self._store.close_conversation(conversation_id)
-                slot.conversation_id, slot.messages = None, None
+                slot.conversation_id, slot.messages, slot.agent = None, None, None
         finally:
             self._slots.unpin(place)
         return report
@@ -283,19 +297,24 @@ class TurnRunner:
     async def context_report(self, place: str) -> ContextReport | None:
         """`/usage`: how much of its window the conversation in `place` fills; None if it has
         no conversation. Reads, never waits for a running turn."""
-        agent = self.settings.agent
-        context = await self._context(agent)
-        tools = [tool.schema() for tool in agent.tools.values()]
         slot = self._slots.get(place)
-        if slot is not None and slot.messages is not None and slot.conversation_id is not None:
-            messages, calibration, compactions = slot.messages, slot.calibration, slot.compactions
-        else:
-            reading = _Slot(place)
-            messages = await self._history(reading, agent)
-            if reading.conversation_id is None:
+        if slot is None or slot.messages is None or slot.conversation_id is None:
+            slot = _Slot(place)  # read aside: the conversation's own slot is its turns' to fill
+            await self._history(slot)
+            if slot.conversation_id is None:
                 return None
-            calibration, compactions = reading.calibration, reading.compactions
-        return ContextReport(calibration.size(messages, tools), context.window, compactions)
+        assert slot.agent is not None and slot.messages is not None
+        context = await self._context(slot.agent)
+        tools = [tool.schema() for tool in slot.agent.tools.values()]
+        size = slot.calibration.size(slot.messages, tools)
+        return ContextReport(size, context.window, slot.compactions)
+
+    def agent_for(self, place: str, platform: str) -> AgentProfile:
+        """The agent that answers in `place`: its conversation's, once known, else the one a
+        new conversation there would get."""
+        slot = self._slots.get(place)
+        known = slot.agent if slot is not None else None
+        return known or self.settings.for_new_conversation(platform)
 
     async def compact(self, place: str) -> Compaction | None:
         """`/compact`: summarize the conversation in `place` now, all but its latest message;
@@ -312,9 +331,9 @@ class TurnRunner:
             self._slots.unpin(place)
 
     async def _compact_now(self, slot: _Slot) -> Compaction | None:
-        agent = self.settings.agent
-        messages, context = await self._prepare(slot, agent)
-        conversation_id = slot.conversation_id
+        messages, context = await self._prepare(slot)
+        agent, conversation_id = slot.agent, slot.conversation_id
+        assert agent is not None
         if conversation_id is None:
             return None
         records: list[CompactionRecord] = []
@@ -372,14 +391,14 @@ class TurnRunner:
                 slot.running = None
 
     async def _execute(self, turn: _Turn, settings: TurnSettings) -> TurnResult:
-        request, agent, slot = turn.request, settings.agent, turn.slot
+        request, slot = turn.request, turn.slot
         channel = self._channels[request.platform]
         try:  # reads; a stop meanwhile still gets its turn recorded, as stopped
-            (messages, context), stopped_early = await _through_cancellation(
-                self._prepare(slot, agent)
-            )
+            (messages, context), stopped_early = await _through_cancellation(self._prepare(slot))
         except Exception as exc:
             return await self._not_started(channel, request, exc)
+        agent = slot.agent
+        assert agent is not None
         # The turn's row is written while the model call begins; the recorder holds any write
         # (and the pump any frame) until it is stored.
         starting = asyncio.ensure_future(self._store.start_turn(self._turn_start(slot, request)))
@@ -482,21 +501,23 @@ class TurnRunner:
             return outcome, f"answered at the limit of {calls} model {plural(calls, 'call')}", True
         return outcome, None, False
 
-    async def _prepare(
-        self, slot: _Slot, agent: AgentProfile
-    ) -> tuple[list[dict[str, Any]], ContextSettings]:
+    async def _prepare(self, slot: _Slot) -> tuple[list[dict[str, Any]], ContextSettings]:
         """The conversation's model-facing history, and the window it must fit."""
-        return await self._history(slot, agent), await self._context(agent)
+        messages = await self._history(slot)
+        assert slot.agent is not None
+        return messages, await self._context(slot.agent)
 
-    async def _history(self, slot: _Slot, agent: AgentProfile) -> list[dict[str, Any]]:
+    async def _history(self, slot: _Slot) -> list[dict[str, Any]]:
         """The conversation's model-facing history, kept in the slot between turns; read from
-        the store the first time (a conversation that does not exist yet starts with the
-        agent's system prompt, with which it will be opened): the system prompt, the latest
-        compaction's summary, and the messages after it."""
+        the store the first time, with the agent it runs (a conversation that does not exist
+        yet gets its channel's agent, and starts with that agent's system prompt, with which it
+        will be opened): the system prompt, the latest compaction's summary, and the messages
+        after it."""
         if slot.messages is None:
             stored = await self._store.conversation_of(slot.place)
             conversation = stored.conversation
-            prompt = conversation.system_prompt if conversation else agent.system_prompt
+            slot.agent = self._agent_of(slot.place, conversation.agent if conversation else None)
+            prompt = conversation.system_prompt if conversation else slot.agent.system_prompt
             slot.conversation_id = conversation.id if conversation else None
             summary = stored.compaction.summary if stored.compaction else ""
             entries = history_entries(stored.messages, stored.endings)
@@ -504,6 +525,23 @@ class TurnRunner:
             slot.keys = [None, *(key for _, key in entries)]
             slot.calibration, slot.compactions = Calibration(), stored.compactions
         return slot.messages
+
+    def _agent_of(self, place: str, stored: str | None) -> AgentProfile:
+        """The agent stored with a conversation; a new one's (or one whose agent is no longer
+        configured: said in the log) is its channel's."""
+        platform = place.partition(":")[0]  # every place is `<platform>:...`
+        if stored is None:
+            return self.settings.for_new_conversation(platform)
+        agent = self.settings.named(stored)
+        if agent is None:
+            agent = self.settings.for_new_conversation(platform)
+            logger.warning(
+                "the conversation in %s ran agent %s, which is no longer configured; %s answers",
+                place,
+                stored,
+                agent.name,
+            )
+        return agent
 
     async def _context(self, agent: AgentProfile) -> ContextSettings:
         """The agent's window: its own setting, or chosen for its model (asked of Ollama once;
@@ -569,7 +607,8 @@ class TurnRunner:
         ]
 
     def _turn_start(self, slot: _Slot, request: TurnRequest) -> TurnStart:
-        agent = self.settings.agent
+        agent = slot.agent
+        assert agent is not None
         return TurnStart(
             place=request.place,
             agent=agent.name,

@@ -100,6 +100,8 @@ async def make_bot(
         bot_store: Store | None = None,
         context_window: int = 0,
         tool_grace: float = 2.0,
+        agents: dict[str, AgentProfile] | None = None,
+        channel_agents: dict[str, str] | None = None,
     ) -> Bot:
         channel = channel or RecordingChannel()
         chosen = tools if tools is not None else [echo, *builtin_tools("UTC")]
@@ -113,6 +115,8 @@ async def make_bot(
                 images=images,
                 context_window=context_window,
             ),
+            agents=agents or {},
+            channel_agents=channel_agents or {},
             tool_timeout=5.0,
             tool_grace=tool_grace,
             max_cached_conversations=max_cached_conversations,

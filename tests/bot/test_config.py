@@ -99,3 +99,84 @@ def test_database_url_comes_from_the_named_variable(
     config = load_config(write(tmp_path, "[storage]\ndatabase_url_env = 'MY_DB'\n"))
     assert config.database_url() == "postgresql+psycopg://kaiwa:hunter2@db/kaiwa"
     assert config.secrets() == ["postgresql+psycopg://kaiwa:hunter2@db/kaiwa"]
+
+
+# -- agent profiles --------------------------------------------------------------------------
+
+RESEARCHER = """---
+description: Finds things out and cites where.
+model: qwen3:8b
+tools: [current_time]
+max_iterations: 30
+---
+You research one question and report what you found.
+"""
+
+
+def with_profiles(tmp_path: Path, table: str = "", **files: str) -> Path:
+    folder = tmp_path / "agents"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / f"{name}.md").write_text(text)
+    return write(tmp_path, f'[assistant]\nprofiles_dir = "agents"\n{table}')
+
+
+def test_a_profile_file_is_an_agent_with_its_body_as_the_prompt(tmp_path: Path) -> None:
+    config = load_config(with_profiles(tmp_path, researcher=RESEARCHER))
+
+    researcher = config.agents["researcher"]
+    assert researcher.system_prompt == "You research one question and report what you found."
+    assert (researcher.model, researcher.max_iterations) == ("qwen3:8b", 30)
+    assert researcher.description == "Finds things out and cites where."
+    assert "assistant" in config.agents
+
+
+def test_a_profile_file_that_replaces_a_table_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    table = '[agents.assistant]\n[agents.researcher]\nmodel = "old"\n'
+    config = load_config(with_profiles(tmp_path, table, researcher=RESEARCHER))
+
+    assert config.agents["researcher"].model == "qwen3:8b"
+    assert "replaces the table [agents.researcher]" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("no front matter\n", "starts with a front matter between '---' lines"),
+        ("---\nmodel: [unclosed\n---\nPrompt.\n", "the front matter is not valid YAML"),
+        ("---\ncolour: blue\n---\nPrompt.\n", "unknown key 'colour'; valid keys: name,"),
+        ("---\nmax_iterations: many\n---\nPrompt.\n", "max_iterations' must be an integer"),
+    ],
+    ids=["no-front-matter", "bad-yaml", "unknown-key", "wrong-type"],
+)
+def test_a_broken_profile_file_is_refused_naming_the_file(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    with pytest.raises(ConfigError, match=r"broken\.md") as refused:
+        load_config(with_profiles(tmp_path, broken=text))
+    assert problem in str(refused.value)
+
+
+def test_a_delegation_cycle_is_refused_with_its_path(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "[agents.assistant]\ndelegates_to = ['planner']\n"
+        "[agents.planner]\ndelegates_to = ['coder']\n"
+        "[agents.coder]\ndelegates_to = ['planner']\n",
+    )
+    with pytest.raises(ConfigError, match="agents delegate in a circle: planner → coder → planner"):
+        load_config(path)
+
+
+def test_a_delegate_that_is_not_defined_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "[agents.assistant]\ndelegates_to = ['ghost']\n")
+    with pytest.raises(ConfigError, match=r"'agents\.assistant\.delegates_to' names 'ghost'"):
+        load_config(path)
+
+
+def test_a_channels_agent_must_be_defined(tmp_path: Path) -> None:
+    path = write(tmp_path, "[channels.telegram]\nagent = 'ghost'\n")
+    with pytest.raises(ConfigError, match=r"'channels\.telegram\.agent' names 'ghost'"):
+        load_config(path)

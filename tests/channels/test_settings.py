@@ -89,6 +89,7 @@ def test_every_platform_is_a_platform_and_the_terminal_is_not() -> None:
         "enabled",
         "show_thinking",
         "show_tools",
+        "agent",
         "session",
         "frame_interval",
     }

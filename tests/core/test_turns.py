@@ -13,7 +13,7 @@ from core.channel import Delivery, Outcome
 from core.messages import ToolStatus
 from core.store import Store
 from core.tools import Tool, tool
-from core.turns import Provenance, TurnRequest
+from core.turns import AgentProfile, Provenance, TurnRequest
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import Done, ErrorLine, HttpError, Pause, Text, ToolCall
 from tests.harness import PLACE, SYSTEM_PROMPT, Bot, BotFactory, echo
@@ -615,3 +615,44 @@ async def test_the_tokens_of_a_call_cut_short_are_unknown_not_zero(bot: Bot) -> 
     assert (turn.model_calls, turn.prompt_tokens, turn.output_tokens) == (1, None, None)
     usage = bot.channel.notices_in(PLACE)[-1]
     assert "#1 stopped: 1 model call, ? tokens in, ? out" in usage
+
+
+# -- which agent answers ---------------------------------------------------------------------
+
+CODER = AgentProfile(name="coder", model="coder-model", system_prompt="You write code.", tools={})
+
+
+async def test_a_new_conversation_gets_its_channels_agent_and_keeps_it(
+    make_bot: BotFactory,
+) -> None:
+    bot = make_bot(agents={"coder": CODER}, channel_agents={"test": "coder"})
+    bot.ollama.models.append("coder-model")
+    await bot.send("write me a loop")
+    await bot.channel.finished()
+
+    later = make_bot(agents={"coder": CODER})  # restarted; the channel's agent is now the default
+    await later.send("and now in Rust")
+    await later.channel.finished()
+
+    first, again = bot.ollama.requests
+    assert (first["model"], first["messages"][0]["content"]) == ("coder-model", "You write code.")
+    assert again["model"] == "coder-model", "the conversation keeps the agent it started with"
+    conversation = await bot.store.active_conversation(PLACE)
+    assert conversation is not None and conversation.agent == "coder"
+
+
+async def test_a_conversation_whose_agent_is_gone_gets_the_channels_agent(
+    make_bot: BotFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    bot = make_bot(agents={"coder": CODER}, channel_agents={"test": "coder"})
+    bot.ollama.models.append("coder-model")
+    await bot.send("write me a loop")
+    await bot.channel.finished()
+
+    later = make_bot()  # the coder agent was removed from the config
+    await later.send("still there?")
+    (reply,) = await later.channel.finished()
+
+    assert reply.outcome is Outcome.DONE
+    assert bot.ollama.requests[-1]["model"] == "test-model"
+    assert "ran agent coder, which is no longer configured; assistant answers" in caplog.text
