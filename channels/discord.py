@@ -166,6 +166,11 @@ class DiscordTransport:
         with _mapped_errors("a message edit"):
             await message.edit(content=text, view=_controls(live))
 
+    async def delete(self, message_id: str) -> None:
+        await self._opened()
+        with _mapped_errors("a message delete"):
+            await self._channel.get_partial_message(int(message_id)).delete()
+
     async def typing(self) -> None:
         await self._opened()
         with _mapped_errors("the typing indicator"):

@@ -30,6 +30,10 @@ platform's own markup, with the platform's errors mapped to `RateLimited` and `P
   a message whose text is already final just to take the control away.
 - A reply taken up after a restart (`posted`) starts from those messages, text unknown, so the
   final text replaces them; it shows no "typing…", since text is already there.
+- The final text may need fewer messages than were shown (a status line that spilled into a
+  message of its own, or a reply taken up with more messages than its final text): the extra
+  ones are deleted, so none is left with stale text or a Stop control. One the platform will not
+  delete is logged and left.
 """
 
 import asyncio
@@ -106,6 +110,10 @@ class Transport(Protocol):
 
     async def edit(self, message_id: str, text: str, *, live: bool) -> None:
         """Replace a message's text (Markdown)."""
+        ...
+
+    async def delete(self, message_id: str) -> None:
+        """Remove a message the reply no longer needs."""
         ...
 
     async def typing(self) -> None:
@@ -203,7 +211,7 @@ class StreamingReply:
         if self._lost is not None:
             raise self._lost
         await keep_trying(
-            lambda: self._show(pieces, live=False),
+            lambda: self._show_all(pieces),
             self._settings.final_edit_seconds,
             first_wait=self._quiet_until - asyncio.get_running_loop().time(),
             done=lambda: self._shows_finally(pieces),
@@ -243,6 +251,23 @@ class StreamingReply:
 
     def _pieces(self, text: str) -> list[str]:
         return split_message(text, self._transport.limit, self._transport.measure)
+
+    async def _show_all(self, pieces: list[str]) -> None:
+        """The final text, and no message beyond it."""
+        await self._show(pieces, live=False)
+        while len(self._shown) > len(pieces):
+            extra = self._shown[-1]
+            try:
+                await self._transport.delete(extra.message_id)
+            except RateLimited:
+                raise  # tried again, after the wait
+            except PlatformError as exc:
+                logger.warning(
+                    "a message the reply in %s no longer needs could not be deleted: %s",
+                    self._place,
+                    exc,
+                )
+            self._shown.pop()
 
     async def _show(self, pieces: list[str], *, live: bool) -> None:
         """Make the platform show `pieces`: edit what changed, send what is new."""

@@ -159,6 +159,10 @@ class SlackTransport:
                 blocks=_with_controls(mrkdwn) if live else [],  # []: Slack drops the button
             )
 
+    async def delete(self, message_id: str) -> None:
+        with _mapped_errors("chat.delete"):
+            await self._client.chat_delete(channel=self._channel, ts=message_id)
+
     async def typing(self) -> None:
         """Slack has no typing indicator for bots: a reaction on the person's message instead,
         put there once and never after the reply has started."""

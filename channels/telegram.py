@@ -156,6 +156,10 @@ class TelegramTransport:
                     reply_markup=_controls(live),
                 )
 
+    async def delete(self, message_id: str) -> None:
+        with _mapped_errors("deleteMessage"):
+            await self._bot.delete_message(self._chat_id, int(message_id))
+
     async def typing(self) -> None:
         with _mapped_errors("sendChatAction"):
             await self._bot.send_chat_action(self._chat_id, ChatAction.TYPING)

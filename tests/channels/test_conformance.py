@@ -182,6 +182,20 @@ async def test_a_reply_waiting_for_a_model_slot_says_how_many_are_ahead(
     assert platform.shown(ANN) == ["Ann's answer."]
 
 
+async def test_a_status_line_that_spilled_over_is_gone_from_the_final_reply(
+    platform: Platform,
+) -> None:
+    text = "x" * (platform.limit - 10)
+    reply = platform.reply(ANN)
+
+    await reply.update(Frame(text, activity="using current_time…"))
+    await platform.wait_until(lambda: len(platform.shown(ANN)) == 2, "the status on its own")
+    await reply.finish(text, Outcome.DONE, None)
+
+    assert platform.shown(ANN) == [text]
+    assert not platform.has_stop_button(ANN)
+
+
 async def test_a_duplicate_delivery_is_answered_once(platform: Platform) -> None:
     platform.bot.ollama.script(Text("Only once."))
 

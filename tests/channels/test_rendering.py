@@ -17,6 +17,7 @@ from channels.rendering import (
 from core.channel import Delivery, Frame, Outcome
 
 PLACE = "test:board"
+DELETED = "<deleted>"
 GUARD_SECONDS = 5  # no test here waits this long unless something is wrong
 
 
@@ -52,6 +53,11 @@ class Board:
         self._maybe_limit("edit")
         self.messages[int(message_id)] = text
         self.live[int(message_id)] = live
+
+    async def delete(self, message_id: str) -> None:
+        self._maybe_limit("delete")
+        self.messages[int(message_id)] = DELETED
+        self.live[int(message_id)] = False
 
     async def typing(self) -> None:
         self.calls.append("typing")
@@ -316,3 +322,30 @@ async def test_a_notice_past_its_deadline_is_an_error(board: Board) -> None:
         async with asyncio.timeout(GUARD_SECONDS):
             await send_notice(board, "hello", seconds=1)
     assert board.messages == []
+
+
+async def test_a_message_the_final_text_no_longer_needs_is_deleted(board: Board) -> None:
+    """A status line that spilled into a message of its own used to stay there, Stop and all."""
+    board.controls = True
+    reply = StreamingReply(board, RenderSettings(), PLACE)
+    text = "x" * 45
+    await reply.update(Frame(text, activity="using current_time…"))
+    assert board.messages == [text, "_using current_time…_"]
+
+    await reply.finish(text, Outcome.DONE, None)
+
+    assert board.messages == [text, DELETED]
+    assert board.live == [False, False]
+    assert reply.delivery is Delivery.SHOWN
+
+
+async def test_a_reply_taken_up_with_more_messages_than_it_needs_deletes_the_rest(
+    board: Board,
+) -> None:
+    board.messages, board.live = ["old one", "old two", "old three"], [True, True, True]
+    reply = StreamingReply(board, RenderSettings(), PLACE, posted=("0", "1", "2"))
+
+    await reply.finish("Short now.", Outcome.INTERRUPTED, None)
+
+    assert board.messages == ["Short now. (interrupted by a restart)", DELETED, DELETED]
+    assert reply.posted == ("0",)

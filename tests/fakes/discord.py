@@ -277,6 +277,8 @@ class FakeDiscord:
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
         self._saved: tuple[str, Any] | None = None
+        self.deleted: list[int] = []
+        """Ids of the bot's messages it deleted, in order."""
         self._routes: list[tuple[str, str, Callable[..., Awaitable[Any]]]] = [
             ("GET", "/users/@me", self._get_me),
             ("GET", "/oauth2/applications/@me", self._get_application),
@@ -286,6 +288,7 @@ class FakeDiscord:
             ("POST", "/channels/{channel}/messages", self._create_message),
             ("GET", "/channels/{channel}/messages/{message}", self._get_message),
             ("PATCH", "/channels/{channel}/messages/{message}", self._edit_message),
+            ("DELETE", "/channels/{channel}/messages/{message}", self._delete_message),
             ("POST", "/channels/{channel}/typing", self._typing),
             ("POST", "/channels/{channel}/messages/{message}/threads", self._start_thread),
             ("PUT", "/channels/{channel}/thread-members/@me", self._join_thread),
@@ -947,6 +950,21 @@ class FakeDiscord:
         if self.echo_bot_messages and not sent.ephemeral:
             self._dispatch("MESSAGE_UPDATE", dict(stored))
         return dict(stored)
+
+    async def _delete_message(self, body: Any, channel: str, message: str) -> None:
+        """Delete a bot message: it leaves the channel (and `messages`), MESSAGE_DELETE echoes."""
+        channel_id, message_id = int(channel), int(message)
+        stored = self._stored.get(channel_id, {}).get(message_id)
+        if stored is None:
+            raise _ApiError(404, "Unknown Message", 10008)
+        if int(stored["author"]["id"]) != BOT_USER_ID:
+            raise _ApiError(403, "Missing Permissions", 50013)
+        del self._stored[channel_id][message_id]
+        sent = self._sent.pop(message_id)
+        self.deleted.append(message_id)
+        if self.echo_bot_messages and not sent.ephemeral:
+            self._dispatch("MESSAGE_DELETE", {"id": message, "channel_id": channel})
+        return None
 
     async def _typing(self, body: Any, channel: str) -> None:
         self._known_channel(channel)

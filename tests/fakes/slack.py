@@ -293,6 +293,8 @@ class FakeSlack:
         self._tickets: set[str] = set()
         self._messages: dict[str, dict[str, _Json]] = {}  # channel -> ts -> message as stored
         self._posted: dict[tuple[str, str], Posted] = {}
+        self.deleted: list[str] = []
+        """The ts of each bot message it deleted, in order."""
         self._reactions: dict[tuple[str, str], set[str]] = {}
         self._failures: dict[str, deque[_Failure]] = {}
         self._clock = int(time.time()) * 1_000_000
@@ -315,6 +317,7 @@ class FakeSlack:
             "apps.connections.open": ("app", self._connections_open),
             "chat.postMessage": ("bot", self._post_message),
             "chat.update": ("bot", self._update),
+            "chat.delete": ("bot", self._delete),
             "chat.postEphemeral": ("bot", self._post_ephemeral),
             "conversations.replies": ("bot", self._replies),
             "reactions.add": ("bot", self._reaction_add),
@@ -799,6 +802,17 @@ class FakeSlack:
             event = {**message, "channel": channel, "channel_type": _channel_type(channel)}
             self._emit_event({**event, "event_ts": ts})
         return {"channel": channel, "ts": ts, "message": dict(message)}
+
+    def _delete(self, params: dict[str, Any]) -> _Json:
+        channel = _text_param(params, "channel")
+        ts = _text_param(params, "ts")
+        if self._posted.pop((channel, ts), None) is None:
+            if ts in self._messages.get(channel, {}):
+                raise _ApiError("cant_delete_message")
+            raise _ApiError("message_not_found")
+        self._messages[channel].pop(ts, None)
+        self.deleted.append(ts)
+        return {"channel": channel, "ts": ts}
 
     def _update(self, params: dict[str, Any]) -> _Json:
         channel = _text_param(params, "channel")

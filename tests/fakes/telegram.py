@@ -475,6 +475,8 @@ class FakeTelegram:
         self._last_message_id: dict[int | str, int] = {}
         self._user_messages: dict[int | str, dict[int, _Json]] = {}
         self._sent: dict[int | str, dict[int, SentMessage]] = {}
+        self.deleted: list[int] = []
+        """Ids of the bot's messages it deleted, in order."""
         self._files: dict[str, _StoredFile] = {}
         self._queries: dict[str, _Json] = {}  # callback queries not answered yet, by id
         self._query_ids = itertools.count(4_400_000_000_000_001)
@@ -494,6 +496,7 @@ class FakeTelegram:
             "getwebhookinfo": self._get_webhook_info,
             "sendmessage": self._send_message,
             "editmessagetext": self._edit_message_text,
+            "deletemessage": self._delete_message,
             "sendchataction": self._send_chat_action,
             "setmycommands": self._set_my_commands,
             "getmycommands": lambda params: list(self.commands),
@@ -841,6 +844,14 @@ class FakeTelegram:
         )
         self._sent[chat_id][message_id] = edited
         return {**self._message_json(edited), "edit_date": int(time.time())}
+
+    def _delete_message(self, params: Mapping[str, Any]) -> bool:
+        chat_id = _chat_key(params.get("chat_id", ""))
+        message_id = _int_param(params, "message_id", 0)
+        if self._sent.get(chat_id, {}).pop(message_id, None) is None:
+            raise _bad_request("message to delete not found")
+        self.deleted.append(message_id)
+        return True
 
     def _send_chat_action(self, params: Mapping[str, Any]) -> bool:
         _chat_key(params.get("chat_id", ""))
