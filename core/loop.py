@@ -24,7 +24,11 @@ Contracts (ARCHITECTURE.md, "The agent loop's contracts"; each guarded in tests/
 - with a `Compactor`, every model call is a safe point: before it (every tool call has its
   result by then) the request is fitted to the window, and every request carries `num_ctx`;
 - an answer the model ended at its output limit (`done_reason` "length") is kept as partial and
-  the result says it was cut.
+  the result says it was cut;
+- a `final` tool that succeeds ends the loop once every call of its batch has its result; its
+  result is the answer (a sub-agent's `report`);
+- notes from outside (`inbox`: a person telling a sub-agent something) join the history before a
+  model call, never between a tool call and its result.
 """
 
 import asyncio
@@ -112,12 +116,14 @@ class AgentLoop:
         sink: LoopSink,
         settings: LoopSettings,
         context: Compactor | None = None,
+        inbox: Callable[[], list[str]] | None = None,
     ) -> None:
         self._model = model
         self._tools = tools
         self._sink = sink
         self._settings = settings
         self._context = context
+        self._inbox = inbox
         self._call_count = 0
 
     async def run(self, messages: list[dict[str, Any]]) -> LoopResult:
@@ -129,7 +135,10 @@ class AgentLoop:
             extra = []
             tools_pending = bool(message.tool_calls)
             if tools_pending:
-                await self._run_tools(message.tool_calls, messages)
+                results = await self._run_tools(message.tool_calls, messages)
+                final = self._final_result(message.tool_calls, results)
+                if final is not None:
+                    return LoopResult(AssistantMessage(final), model_calls, wrapped_up=False)
                 continue
             if message.text.strip():
                 return LoopResult(message, model_calls, wrapped_up=False, cut=message.partial)
@@ -163,6 +172,8 @@ class AgentLoop:
     ) -> AssistantMessage:
         streamed = ModelReply()
         schemas = [tool.schema() for tool in self._tools.values()] if with_tools else []
+        if self._inbox is not None:
+            messages.extend({"role": "user", "content": note} for note in self._inbox())
         if self._context is not None:
             await self._context.fit(messages, extra, schemas, self._status)
         started = time.monotonic()
@@ -221,7 +232,19 @@ class AgentLoop:
             messages.append(result.to_wire())
             self._emit(self._sink.tool_finished, result)
 
-    async def _run_tools(self, calls: Sequence[ToolCall], messages: list[dict[str, Any]]) -> None:
+    def _final_result(
+        self, calls: Sequence[ToolCall], results: dict[str, ToolResult]
+    ) -> str | None:
+        for call in calls:
+            tool = self._tools.get(call.name)
+            result = results[call.call_id]
+            if tool is not None and tool.final and result.status is ToolStatus.OK:
+                return result.content
+        return None
+
+    async def _run_tools(
+        self, calls: Sequence[ToolCall], messages: list[dict[str, Any]]
+    ) -> dict[str, ToolResult]:
         results: dict[str, ToolResult] = {}
         started: set[str] = set()
         try:
@@ -235,6 +258,7 @@ class AgentLoop:
                     stopped = _unfinished_result(call, call.call_id in started, ending="stopped")
                     self._finished(stopped, results)
                 messages.append(results[call.call_id].to_wire())
+        return results
 
     def _batches(self, calls: Sequence[ToolCall]) -> list[list[ToolCall]]:
         """Consecutive read-only calls share a batch and overlap; any other call runs alone."""

@@ -44,6 +44,8 @@ class Tool:
     parameters: dict[str, Any]
     read_only: bool = False
     timeout: float | None = None
+    final: bool = False
+    """Calling it ends the agent loop, its result the answer (a sub-agent's `report`)."""
 
     def schema(self) -> dict[str, Any]:
         """The tool as Ollama's `tools` request field expects it."""
@@ -118,7 +120,7 @@ def abandoned_tools() -> int:
 
 
 def tool(
-    *, read_only: bool = False, timeout: float | None = None
+    *, read_only: bool = False, timeout: float | None = None, final: bool = False
 ) -> Callable[[ToolFunction], Tool]:
     """Decorator: build a `Tool` from a function's signature and docstring."""
 
@@ -131,6 +133,7 @@ def tool(
             parameters=parameters_schema(function),
             read_only=read_only,
             timeout=timeout,
+            final=final,
         )
 
     return build
@@ -190,6 +193,13 @@ def _matches(schema: dict[str, Any], value: Any) -> bool:
     kind = schema["type"]
     if kind == "array":
         return isinstance(value, list) and all(_matches(schema["items"], item) for item in value)
+    if kind == "object":
+        properties = schema.get("properties", {})
+        return (
+            isinstance(value, dict)
+            and all(name in value for name in schema.get("required", ()))
+            and all(_matches(properties[k], v) for k, v in value.items() if k in properties)
+        )
     if kind == "number":
         return isinstance(value, int | float) and not isinstance(value, bool)
     if kind == "integer":
@@ -202,6 +212,8 @@ def _describe(schema: dict[str, Any]) -> str:
         return "one of " + ", ".join(repr(value) for value in schema["enum"])
     if schema["type"] == "array":
         return f"a list of {_describe(schema['items'])} values"
+    if schema["type"] == "object":
+        return f"an object with {', '.join(schema.get('required', ())) or 'any'} keys"
     return f"a {schema['type']}"
 
 

@@ -517,3 +517,43 @@ async def test_a_call_cut_short_has_unknown_usage(ollama: FakeOllama, model: Mod
 
     (usage,) = events.of("usage")
     assert (usage.prompt_tokens, usage.output_tokens) == (None, None)
+
+
+async def test_a_final_tool_ends_the_loop_with_its_result(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    @tool(final=True)
+    def report(summary: str) -> str:
+        """Hand back the result."""
+        return summary
+
+    ollama.script(CallStep("echo", {"word": "x"}), CallStep("report", {"summary": "All done."}))
+    loop, _ = loop_for(model, [echo, report])
+    messages = conversation()
+
+    result = await loop.run(messages)
+
+    assert (result.answer.text, result.model_calls) == ("All done.", 1)
+    assert [m["role"] for m in messages[-2:]] == ["tool", "tool"], "every call has its result"
+    assert len(ollama.requests) == 1
+
+
+async def test_notes_from_outside_join_before_the_next_model_call(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    notes = ["only green ones"]
+    ollama.script(CallStep("echo", {"word": "x"}))
+    ollama.script(Text("Green only."))
+    loop = AgentLoop(
+        model,
+        {"echo": echo},
+        Events(),
+        LoopSettings(agent="assistant", model=MODEL),
+        inbox=lambda: [notes.pop()] if notes else [],
+    )
+
+    await loop.run(conversation())
+
+    first, second = ollama.requests
+    assert first["messages"][-1] == {"role": "user", "content": "only green ones"}
+    assert second["messages"][-1]["role"] == "tool", "never between a call and its result"
