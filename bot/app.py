@@ -63,6 +63,8 @@ def turn_settings(config: Config) -> TurnSettings:
             max_iterations=agent.max_iterations,
             images=agent.images,
             context_window=agent.context_window,
+            description=agent.description,
+            delegates_to=tuple(agent.delegates_to),
         )
         for name, agent in config.agents.items()
     }
@@ -79,6 +81,7 @@ def turn_settings(config: Config) -> TurnSettings:
         tool_grace=config.limits.tool_grace,
         max_cached_conversations=config.limits.max_cached_conversations,
         context=config.context,
+        subagents=config.subagents,
     )
 
 

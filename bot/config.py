@@ -46,6 +46,7 @@ from core.context import ContextPolicy
 from core.errors import ConfigError
 from core.model import ModelSettings
 from core.store import StoreSettings
+from core.subagents import SubagentSettings
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ class Config:
     agents: dict[str, AgentConfig] = field(default_factory=lambda: {"assistant": AgentConfig()})
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     context: ContextPolicy = field(default_factory=ContextPolicy)
+    subagents: SubagentSettings = field(default_factory=SubagentSettings)
     storage: StorageConfig = field(default_factory=StorageConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     channels: ChannelsConfig = field(default_factory=ChannelsConfig)
@@ -378,6 +380,11 @@ def _checked(config: Config) -> Config:
         "limits.max_cached_conversations": config.limits.max_cached_conversations,
         "context.max_window": config.context.max_window,
         "context.answer_reserve": config.context.answer_reserve,
+        "subagents.max_total": config.subagents.max_total,
+        "subagents.max_batch": config.subagents.max_batch,
+        "subagents.max_concurrent": config.subagents.max_concurrent,
+        "subagents.max_iterations": config.subagents.max_iterations,
+        "subagents.stop_grace": config.subagents.stop_grace,
         "storage.write_retry_seconds": config.storage.write_retry_seconds,
         "storage.connections": config.storage.connections,
         "logging.max_bytes": config.logging.max_bytes,

@@ -8,6 +8,7 @@ the turn they themselves ended, so their answer comes after the stopped reply's 
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -15,7 +16,8 @@ from core.channel import Channel, ChannelMessage
 from core.context import Compaction
 from core.errors import StoreError
 from core.store import Store
-from core.tables import Turn
+from core.subagents import Run
+from core.tables import SubagentMessage, SubagentRun, Turn, utc_now
 from core.text import plural
 from core.turns import ContextReport, ConversationBusy, StopReport, TurnRunner
 
@@ -25,11 +27,14 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("new", "start a fresh conversation here"),
     ("usage", "model calls, tokens, seconds and context of this conversation"),
     ("compact", "summarize this conversation's older messages now, to free its context"),
+    ("agents", "sub-agents here; /agents <name>, /agents stop <name>, /agents tell <name> <text>"),
     ("help", "list the commands"),
 )
 """Every command and its one-line summary, for /help and for platforms' command menus."""
 STOP_WAIT_SECONDS = 10.0
 USAGE_TURNS_SHOWN = 20
+AGENTS_SHOWN = 12
+AGENT_STEPS_SHOWN = 6
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class Commands:
             "new": self._new,
             "usage": self._usage,
             "compact": self._compact,
+            "agents": self._agents,
             "help": self._help,
         }
         self._handlers = {name: (handlers[name], summary) for name, summary in COMMANDS}
@@ -69,8 +75,82 @@ class Commands:
 
     async def _stop(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
         report = self._runner.stop(message.place)
+        agents = await self._runner.stop_subagents(message.place)
         await self._wait_for_stop(message.place)
-        await channel.notify(message.place, describe_stop(report))
+        answer = (
+            describe_stop(report) if report.stopped_running or report.dropped or not agents else ""
+        )
+        if agents:
+            answer += f" Stopped {agents} {plural(agents, 'sub-agent')}; their reports follow."
+        await channel.notify(message.place, answer.strip())
+
+    async def _agents(self, message: ChannelMessage, channel: Channel, command: Command) -> None:
+        verb, _, rest = command.argument.partition(" ")
+        if verb == "stop":
+            answer = await self._agents_stop(message.place, rest.strip())
+        elif verb == "tell":
+            target, _, text = rest.strip().partition(" ")
+            answer = self._agents_tell(message.place, target, text.strip())
+        elif verb:
+            answer = await self._agent_detail(message.place, command.argument.strip())
+        else:
+            answer = await self._agents_list(message.place)
+        await channel.notify(message.place, answer)
+
+    async def _agents_list(self, place: str) -> str:
+        rows = await self._runs_here(place)
+        if not rows:
+            return "No sub-agents in this conversation."
+        live = {run.key: run for run in self._runner.subagents.live(place)}
+        cap = self._runner.subagents.settings.max_iterations
+        ordered = sorted(rows, key=lambda row: (row.status != "running", -(row.id or 0)))
+        lines = [describe_run(row, live.get(row.key), cap) for row in ordered[:AGENTS_SHOWN]]
+        if len(ordered) > AGENTS_SHOWN:
+            lines.append(f"+{len(ordered) - AGENTS_SHOWN} more")
+        return "Sub-agents here:\n" + "\n".join(lines)
+
+    async def _agents_stop(self, place: str, target: str) -> str:
+        if not target:
+            return "Which one? /agents stop <name or id> (/stop stops them all)."
+        run = self._runner.subagents.find(place, target)
+        if run is None or run.status != "running":
+            return f"No running sub-agent {target} here; /agents lists them."
+        await self._runner.subagents.stop([run])
+        return f"Stopped {run.name} ({run.key}); its report follows."
+
+    def _agents_tell(self, place: str, target: str, text: str) -> str:
+        if not (target and text):
+            return "Usage: /agents tell <name or id> <message>"
+        run = self._runner.subagents.find(place, target)
+        if run is None or not self._runner.subagents.tell(run, text):
+            return f"No running sub-agent {target} here; /agents lists them."
+        return f"{run.name} ({run.key}) reads it at its next step."
+
+    async def _agent_detail(self, place: str, target: str) -> str:
+        row = next((r for r in await self._runs_here(place) if target in (r.key, r.name)), None)
+        if row is None or row.id is None:
+            return f"No sub-agent {target} here; /agents lists them."
+        live = self._runner.subagents.find(place, row.key)
+        transcript = await self._store.transcript(row.id)
+        lines = [
+            describe_run(row, live, self._runner.subagents.settings.max_iterations),
+            f"Task: {row.task}",
+            f"Model: {row.model}",
+        ]
+        if live is not None and live.last_tool:
+            lines.append(f"Last tool: {live.last_tool}")
+        lines += ["Latest steps:", *(_step(each) for each in transcript[-AGENT_STEPS_SHOWN:])]
+        if row.report:
+            lines.append(f"Report: {_clipped(row.report, 1000)}")
+        if row.unread:
+            lines.append(f"It ended with {row.unread} of your messages unread.")
+        return "\n".join(lines)
+
+    async def _runs_here(self, place: str) -> list[SubagentRun]:
+        conversation = await self._store.active_conversation(place)
+        if conversation is None or conversation.id is None:
+            return []
+        return await self._store.runs(conversation.id)
 
     async def _new(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
         async with asyncio.timeout(STOP_WAIT_SECONDS):
@@ -82,7 +162,8 @@ class Commands:
         conversation = await self._store.active_conversation(message.place)
         turns = await self._store.turns(conversation.id) if conversation and conversation.id else []
         context = await self._runner.context_report(message.place) if turns else None
-        await channel.notify(message.place, describe_usage(turns, context))
+        runs = await self._store.runs(conversation.id) if conversation and conversation.id else []
+        await channel.notify(message.place, describe_usage(turns, context, runs))
 
     async def _compact(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
         try:
@@ -109,6 +190,41 @@ class Commands:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STOP_WAIT_SECONDS):
                 await self._runner.wait_idle(place)
+
+
+def describe_run(row: SubagentRun, live: Run | None, cap: int) -> str:
+    """`name · profile · state · elapsed · calls of the cap · tokens`."""
+    state = live.doing if live is not None and live.status == "running" else row.status
+    if live is not None:
+        ended = live.ended if live.ended is not None else time.monotonic()
+        seconds, calls = ended - live.started, live.usage.model_calls
+        tokens = f"{live.usage.prompt_tokens + live.usage.output_tokens:,}"
+    else:
+        ended_at = row.ended_at or utc_now()
+        seconds, calls = (ended_at - row.started_at).total_seconds(), row.model_calls
+        known = row.prompt_tokens is not None and row.output_tokens is not None
+        tokens = f"{(row.prompt_tokens or 0) + (row.output_tokens or 0):,}" if known else "?"
+    return (
+        f"{row.name} ({row.key}) · {row.profile} · {state} · {seconds:.0f} s · "
+        f"{calls}/{cap} model calls · {tokens} tokens"
+    )
+
+
+def _step(message: SubagentMessage) -> str:
+    said = _clipped(printable_line(message.text), 200)
+    if message.role == "tool":
+        return f"  tool {message.tool_name}: {said}"
+    calls = ", ".join(call["name"] for call in message.tool_calls or ())
+    return f"  {message.role}: {said}" + (f" [called {calls}]" if calls else "")
+
+
+def printable_line(text: str) -> str:
+    """One line: newlines and control characters as spaces."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
+def _clipped(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def describe_stop(report: StopReport) -> str:
@@ -142,7 +258,11 @@ def describe_context(context: ContextReport) -> str:
     )
 
 
-def describe_usage(turns: Sequence[Turn], context: ContextReport | None = None) -> str:
+def describe_usage(
+    turns: Sequence[Turn],
+    context: ContextReport | None = None,
+    runs: Sequence[SubagentRun] = (),
+) -> str:
     if not turns:
         return "No turns in this conversation yet."
     lines = [f"Usage of this conversation ({len(turns)} {plural(len(turns), 'turn')}):"]
@@ -169,6 +289,16 @@ def describe_usage(turns: Sequence[Turn], context: ContextReport | None = None) 
     )
     if any(t.prompt_tokens is None for t in turns):
         lines.append("(? : tokens not known for a model call cut short)")
+    if runs:
+        lines.append(
+            f"Sub-agents ({len(runs)} {plural(len(runs), 'run')}, not in the total): "
+            + _spent(
+                sum(r.model_calls for r in runs),
+                _tokens([r.prompt_tokens for r in runs]),
+                _tokens([r.output_tokens for r in runs]),
+                sum(r.model_seconds for r in runs),
+            )
+        )
     if context is not None:
         lines.append(describe_context(context))
     return "\n".join(lines)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from core.channel import Channel, Outcome
 from core.store import Store, Unfinished
-from core.tables import InboundEvent
+from core.tables import InboundEvent, SubagentRun
 from core.turns import Provenance, TurnRequest, TurnRunner
 
 logger = logging.getLogger(__name__)
@@ -44,14 +44,23 @@ class Leftovers:
 
     turns: list[Unfinished] = field(default_factory=list)
     messages: list[InboundEvent] = field(default_factory=list)
+    runs: list[tuple[str, SubagentRun]] = field(default_factory=list)
+    """Sub-agent runs left running (lost), with their places."""
+    reports: list[tuple[str, SubagentRun]] = field(default_factory=list)
+    """Sub-agent reports that never reached their conversations, with their places."""
 
     def __bool__(self) -> bool:
-        return bool(self.turns or self.messages)
+        return bool(self.turns or self.messages or self.runs or self.reports)
 
 
 async def leftovers(store: Store) -> Leftovers:
     """Read before anything of this process runs: all that is running then is left over."""
-    return Leftovers(await store.unfinished_turns(), await store.unanswered_messages())
+    return Leftovers(
+        await store.unfinished_turns(),
+        await store.unanswered_messages(),
+        await store.live_runs(),
+        await store.undelivered_reports(),
+    )
 
 
 class Recovery:
@@ -70,6 +79,18 @@ class Recovery:
             each.platform for each in left.messages
         }
         await asyncio.gather(*(self._resolve_on(platform, left) for platform in platforms))
+        if left.runs or left.reports:
+            resuming = self._runner.subagents.resume(left.runs, left.reports, self._say)
+            await self._guarded(resuming, "sub-agents left by a restart")
+
+    async def _say(self, place: str, text: str) -> None:
+        """A line in `place`, once its channel is connected."""
+        channel = self._channels.get(_platform(place))
+        if channel is None:
+            logger.warning("%s: %s (its platform is not running)", place, text)
+            return
+        await asyncio.wait_for(channel.connected.wait(), CONNECT_WAIT_SECONDS)
+        await channel.notify(place, text)
 
     async def _resolve_on(self, platform: str, left: Leftovers) -> None:
         channel = self._channels.get(platform)

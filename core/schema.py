@@ -13,7 +13,7 @@ from sqlalchemy import Connection, Engine, inspect, text
 
 from core.errors import StoreError
 
-SCHEMA_HEAD = "0005"
+SCHEMA_HEAD = "0006"
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 

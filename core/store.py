@@ -62,7 +62,16 @@ from core.errors import StoreError
 from core.history import INTERRUPTED_TOOL, unanswered_calls
 from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, UsageTotals
 from core.schema import ensure_schema
-from core.tables import Compaction, Conversation, InboundEvent, Message, Turn, utc_now
+from core.tables import (
+    Compaction,
+    Conversation,
+    InboundEvent,
+    Message,
+    SubagentMessage,
+    SubagentRun,
+    Turn,
+    utc_now,
+)
 from core.text import clean_all
 
 logger = logging.getLogger(__name__)
@@ -125,6 +134,16 @@ class StoredConversation:
     turns: int = 0
     """How many turns the conversation has had in all."""
     compactions: int = 0
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """A sub-agent run to store."""
+
+    name: str
+    profile: str
+    model: str
+    task: str
 
 
 @dataclass(frozen=True)
@@ -579,6 +598,125 @@ class Store:
 
         return self._call(run)
 
+    # -- sub-agent runs ------------------------------------------------------------------------
+
+    def start_runs(
+        self, conversation_id: int, parent_turn_id: int | None, runs: Sequence[RunStart]
+    ) -> Awaitable[list[tuple[int, str]]]:
+        """Store new runs of a conversation, keyed `a<n>` after every run it ever had (keys are
+        never reused); their row ids and keys, in order. One transaction."""
+        now = utc_now()
+
+        def run(connection: Connection) -> list[tuple[int, str]]:
+            count = connection.execute(_run_count_statement(), {"id": conversation_id}).scalar()
+            started = []
+            for number, spec in enumerate(runs, start=int(count or 0) + 1):
+                key = f"a{number}"
+                values = _fit(
+                    SubagentRun,
+                    {
+                        "conversation_id": conversation_id,
+                        "parent_turn_id": parent_turn_id,
+                        "key": key,
+                        "name": spec.name,
+                        "profile": spec.profile,
+                        "model": spec.model,
+                        "task": spec.task,
+                        "status": "running",
+                        "delivery": "pending",
+                        "unread": 0,
+                        "started_at": now,
+                        **_usage_values(UsageTotals()),
+                    },
+                )
+                row_id = connection.execute(_insert_statement(SubagentRun), values).scalar_one()
+                started.append((int(row_id), key))
+            return started
+
+        return self._call(run)
+
+    def record_run(
+        self,
+        run_id: int,
+        *,
+        messages: Sequence[tuple[int, str, str, str | None, list[dict[str, Any]] | None]] = (),
+        values: dict[str, Any] | None = None,
+        durable: bool = False,
+    ) -> Awaitable[None]:
+        """Append to a run's transcript (seq, role, text, tool name, tool calls) and change its
+        row, in one transaction."""
+        now = utc_now()
+        rows = [
+            _fit(
+                SubagentMessage,
+                {
+                    "run_id": run_id,
+                    "seq": seq,
+                    "role": role,
+                    "text": text,
+                    "tool_name": tool_name,
+                    "tool_calls": tool_calls,
+                    "created_at": now,
+                },
+            )
+            for seq, role, text, tool_name, tool_calls in messages
+        ]
+        changes = _fit(SubagentRun, values or {})
+
+        def run(connection: Connection) -> None:
+            if rows:
+                connection.execute(insert(SubagentMessage.__table__), rows)  # type: ignore[attr-defined]
+            if changes:
+                _updater(SubagentRun, run_id, changes)(connection)
+
+        return self._call(run, key=-run_id, durable=durable)
+
+    def runs(self, conversation_id: int) -> Awaitable[list[SubagentRun]]:
+        return self._call(
+            lambda connection: _of_conversation(connection, SubagentRun, conversation_id),
+            autocommit=True,
+        )
+
+    def transcript(self, run_id: int) -> Awaitable[list[SubagentMessage]]:
+        def run(connection: Connection) -> list[SubagentMessage]:
+            return _rows(connection, SubagentMessage, _transcript_statement(), run_id=run_id)
+
+        return self._call(run, autocommit=True)
+
+    def set_delivery(self, run_ids: Sequence[int], delivery: str) -> Awaitable[None]:
+        def run(connection: Connection) -> None:
+            for run_id in run_ids:
+                _updater(SubagentRun, run_id, {"delivery": delivery})(connection)
+
+        return self._call(run, durable=True)
+
+    def live_runs(self) -> Awaitable[list[tuple[str, SubagentRun]]]:
+        """Runs still `running` (read at start-up: a dead process's), each with its place."""
+        return self._runs_with_places(_live_runs_statement())
+
+    def undelivered_reports(self) -> Awaitable[list[tuple[str, SubagentRun]]]:
+        """Finished runs whose reports never reached their conversation, with its place."""
+        return self._runs_with_places(_undelivered_statement())
+
+    def mark_runs_lost(self, run_ids: Sequence[int]) -> Awaitable[None]:
+        values = {"status": "lost", "delivery": "discarded", "ended_at": utc_now()}
+
+        def run(connection: Connection) -> None:
+            for run_id in run_ids:
+                _updater(SubagentRun, run_id, values)(connection)
+
+        return self._call(run)
+
+    def _runs_with_places(self, statement: Executable) -> Awaitable[list[tuple[str, SubagentRun]]]:
+        def run(connection: Connection) -> list[tuple[str, SubagentRun]]:
+            found = []
+            for row in _rows(connection, SubagentRun, statement):
+                place = connection.execute(_place_statement(), {"id": row.conversation_id})
+                found.append((str(place.scalar_one()), row))
+            return found
+
+        return self._call(run, autocommit=True)
+
     # -- plumbing ------------------------------------------------------------------------------
 
     def _call(
@@ -849,6 +987,34 @@ def _endings_statement() -> Executable:
     turns = Turn.__table__  # type: ignore[attr-defined]
     return select(turns.c.id, turns.c.status).where(
         turns.c.conversation_id == bindparam("id"), turns.c.id >= bindparam("turn")
+    )
+
+
+@cache
+def _run_count_statement() -> Executable:
+    table = SubagentRun.__table__  # type: ignore[attr-defined]
+    return select(func.count()).where(table.c.conversation_id == bindparam("id"))
+
+
+@cache
+def _transcript_statement() -> Executable:
+    table = SubagentMessage.__table__  # type: ignore[attr-defined]
+    return select(table).where(table.c.run_id == bindparam("run_id")).order_by(table.c.seq)
+
+
+@cache
+def _live_runs_statement() -> Executable:
+    table = SubagentRun.__table__  # type: ignore[attr-defined]
+    return select(table).where(table.c.status == "running").order_by(table.c.id)
+
+
+@cache
+def _undelivered_statement() -> Executable:
+    table = SubagentRun.__table__  # type: ignore[attr-defined]
+    return (
+        select(table)
+        .where(table.c.status != "running", table.c.delivery == "pending")
+        .order_by(table.c.id)
     )
 
 

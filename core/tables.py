@@ -131,3 +131,51 @@ class Compaction(SQLModel, table=True):
     output_tokens: int | None = 0
     model_seconds: float = 0.0
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class SubagentRun(SQLModel, table=True):
+    """One sub-agent's run: what it was asked, how it ended, its report and whether that report
+    reached its conversation. `key` (`a1`, `a2`, ...) is its id within the conversation, never
+    reused; `delivery` is `pending` until a turn carrying the report has stored its records
+    (`delivered`), or `discarded` when `/new` left it behind. `unread` counts the messages a
+    person sent it with `/agents tell` that it ended before reading."""
+
+    __tablename__ = "subagent_runs"
+    __table_args__ = (UniqueConstraint("conversation_id", "key"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    conversation_id: int = Field(foreign_key="conversations.id", index=True)
+    parent_turn_id: int | None = Field(default=None, foreign_key="turns.id")
+    key: str = Field(max_length=20)
+    name: str = Field(max_length=100)
+    profile: str = Field(max_length=100)
+    model: str = Field(max_length=200)
+    task: str = Field(sa_column=Column(Text, nullable=False))
+    status: str = Field(max_length=20)
+    report: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    delivery: str = Field(default="pending", max_length=20)
+    unread: int = 0
+    model_calls: int = 0
+    prompt_tokens: int | None = 0
+    output_tokens: int | None = 0
+    model_seconds: float = 0.0
+    started_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    ended_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+
+
+class SubagentMessage(SQLModel, table=True):
+    """A sub-agent's transcript, one row per message, in order (`seq`)."""
+
+    __tablename__ = "subagent_messages"
+    __table_args__ = (Index("ux_subagent_messages_run_seq", "run_id", "seq", unique=True),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="subagent_runs.id", index=True)
+    seq: int
+    role: str = Field(max_length=20)
+    text: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
+    tool_name: str | None = Field(default=None, max_length=100)
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON))
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))

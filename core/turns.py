@@ -75,6 +75,7 @@ from core.messages import Usage, UsageTotals
 from core.pump import FramePump
 from core.recording import TurnRecorder
 from core.store import CompactionRecord, StartedTurn, Store, TurnStart, not_awaited
+from core.subagents import Claims, Subagents, SubagentSettings, format_report
 from core.text import plural
 from core.tools import Tool
 
@@ -104,6 +105,10 @@ class AgentProfile:
     """Whether the model reads images (a vision model)."""
     context_window: int = 0
     """Tokens; 0 chooses one for the model (`ContextPolicy.window`)."""
+    description: str = ""
+    """What the agent is for, as an agent choosing whom to hand work to reads it."""
+    delegates_to: tuple[str, ...] = ()
+    """The agents this one may hand work to (`core.subagents`)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,7 @@ class TurnSettings:
     tool_grace: float = 2.0
     max_cached_conversations: int = 1000
     context: ContextPolicy = field(default_factory=ContextPolicy)
+    subagents: SubagentSettings = field(default_factory=SubagentSettings)
 
     def named(self, name: str) -> AgentProfile | None:
         return self.agent if name == self.agent.name else self.agents.get(name)
@@ -235,6 +241,16 @@ class TurnRunner:
         self._live: set[_Turn] = set()
         self._windows: dict[str, int] = {}
         self.closing = False
+        self.subagents = Subagents(
+            store,
+            model,
+            settings,
+            settings.subagents,
+            self._context,
+            tool_timeout=settings.tool_timeout,
+            tool_grace=settings.tool_grace,
+        )
+        self.subagents.wake = self._wake
 
     # -- entry points --------------------------------------------------------------------------
 
@@ -276,9 +292,15 @@ class TurnRunner:
         if tasks:
             await asyncio.wait(tasks)
 
+    async def stop_subagents(self, place: str) -> int:
+        """`/stop`'s second half: every sub-agent of `place` stops, reporting what it has."""
+        return await self.subagents.stop_all(place)
+
     async def start_new_conversation(self, place: str) -> StopReport:
-        """`/new`: stop what runs, drop what waits, then close the conversation in `place`."""
+        """`/new`: stop what runs, drop what waits and the sub-agents' undelivered reports, then
+        close the conversation in `place`."""
         report = self.stop(place, reason="new conversation")
+        await self.subagents.discard(place)
         slot = self._slots.get_or_create(place, lambda: _Slot(place))
         self._slots.pin(place)
         try:
@@ -363,6 +385,7 @@ class TurnRunner:
         Turns still queued never start; their messages stay recorded, unanswered, and the next
         start answers them (`core.recovery`). Returns how many were running and queued."""
         self.closing = True
+        await self.subagents.shutdown()  # their reports stay pending, for the next start
         live = list(self._live)
         queued = 0
         for turn in live:
@@ -399,12 +422,18 @@ class TurnRunner:
             return await self._not_started(channel, request, exc)
         agent = slot.agent
         assert agent is not None
+        claims = Claims()
+        text = self._with_reports(request, claims)
+        if text is None:  # started for reports another turn has carried meanwhile
+            return TurnResult("skipped")
         # The turn's row is written while the model call begins; the recorder holds any write
         # (and the pump any frame) until it is stored.
-        starting = asyncio.ensure_future(self._store.start_turn(self._turn_start(slot, request)))
+        starting = asyncio.ensure_future(
+            self._store.start_turn(self._turn_start(slot, request, text))
+        )
         starting.add_done_callback(lambda stored: _remember_conversation(slot, stored))
         recorder = TurnRecorder(self._store, starting)
-        said = {"role": "user", "content": request.text}
+        said = {"role": "user", "content": text}
         sent = {**said, "images": list(request.images)} if request.images else said
         messages.append(sent)
         reply = channel.open_reply(request.place, request.reply_to)
@@ -417,9 +446,12 @@ class TurnRunner:
             shown=lambda: recorder.note_posted(reply.posted),
         )
         recorder.on_change = pump.poke
+        tools = self.subagents.tools_for(
+            request.place, request.platform, agent, lambda: _ids(starting), claims
+        )
         loop = AgentLoop(
             self._model,
-            agent.tools,
+            {**agent.tools, **tools},
             recorder,
             LoopSettings(
                 agent=agent.name,
@@ -454,6 +486,7 @@ class TurnRunner:
             logger.warning("a turn in %s could not be saved: %s", request.place, failure)
         else:
             self._settle_keys(slot, recorder, outcome)
+        self.subagents.settle(claims, delivered=failure is None and outcome is not Outcome.FAILED)
         seconds = time.monotonic() - began
         self._log_turn(request, outcome, recorder, seconds, turn.stop_reason, note)
         # ... then the notice, which a second cancellation may cut short without losing anything.
@@ -606,7 +639,26 @@ class TurnRunner:
             for key in slot.keys
         ]
 
-    def _turn_start(self, slot: _Slot, request: TurnRequest) -> TurnStart:
+    def _with_reports(self, request: TurnRequest, claims: Claims) -> str | None:
+        """The turn's message, with the sub-agents' reports no turn has carried on top; None for
+        a turn started for reports when there are none left."""
+        carried = self.subagents.claim_ready(request.place, claims)
+        if request.provenance is Provenance.SUBAGENT and not carried:
+            return None
+        return "\n\n".join(
+            [*map(format_report, carried), *([request.text] if request.text else [])]
+        )
+
+    def _wake(self, platform: str, place: str) -> None:
+        """A sub-agent's report is waiting: a turn in its conversation carries it (after the
+        turn that runs there now, if any)."""
+        if self.closing or platform not in self._channels:
+            return
+        self.submit(
+            TurnRequest(platform, place, "", provenance=Provenance.SUBAGENT, author="sub-agents")
+        )
+
+    def _turn_start(self, slot: _Slot, request: TurnRequest, text: str) -> TurnStart:
         agent = slot.agent
         assert agent is not None
         return TurnStart(
@@ -614,7 +666,7 @@ class TurnRunner:
             agent=agent.name,
             system_prompt=prompt_and_summary(slot.messages[0])[0] if slot.messages else "",
             provenance=request.provenance.value,
-            text=request.text,
+            text=text,
             author=request.author,
             inbound_event_id=request.inbound_event_id,
             conversation_id=slot.conversation_id,
@@ -757,6 +809,12 @@ def _remember_conversation(slot: _Slot, stored: "asyncio.Future[StartedTurn]") -
         slot.conversation_id = stored.result().conversation_id
     else:
         slot.messages = None
+
+
+async def _ids(starting: "asyncio.Future[StartedTurn]") -> tuple[int, int]:
+    """The turn's conversation and turn ids, once its row is stored."""
+    stored = await asyncio.shield(starting)
+    return stored.conversation_id, stored.turn_id
 
 
 def _key_running_turn(slot: _Slot, recorder: TurnRecorder) -> None:

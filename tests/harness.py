@@ -14,6 +14,7 @@ from core.channel import Channel, ChannelMessage
 from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.model import ModelClient
 from core.store import Store
+from core.subagents import SubagentSettings
 from core.tables import Message, Turn
 from core.tools import Tool, builtin_tools, tool
 from core.turns import AgentProfile, TurnRunner, TurnSettings
@@ -102,6 +103,8 @@ async def make_bot(
         tool_grace: float = 2.0,
         agents: dict[str, AgentProfile] | None = None,
         channel_agents: dict[str, str] | None = None,
+        delegates_to: tuple[str, ...] = (),
+        subagents: SubagentSettings | None = None,
     ) -> Bot:
         channel = channel or RecordingChannel()
         chosen = tools if tools is not None else [echo, *builtin_tools("UTC")]
@@ -114,8 +117,10 @@ async def make_bot(
                 max_iterations=max_iterations,
                 images=images,
                 context_window=context_window,
+                delegates_to=delegates_to,
             ),
             agents=agents or {},
+            subagents=subagents or SubagentSettings(),
             channel_agents=channel_agents or {},
             tool_timeout=5.0,
             tool_grace=tool_grace,

@@ -362,6 +362,7 @@ class FakeOllama:
         self.show_requests: list[str] = []
         self.show_error: HttpError | None = None
         self.without_tools = None
+        self._routed: list[tuple[str, _Plan]] = []
         self.tags_requests = 0
         self.url = ""
         self._queue: deque[_Plan] = deque()
@@ -391,6 +392,12 @@ class FakeOllama:
     def without_tools(self, steps: Sequence[Step] | None) -> None:
         self._without_tools = None if steps is None else _compile(steps)
         self._without_tools_steps = None if steps is None else tuple(steps)
+
+    def script_for(self, marker: str, *steps: Step) -> None:
+        """Queue a response for the next request whose first two messages (a system prompt and
+        the first user message: an agent's, or a sub-agent's task) contain `marker`; such a
+        request takes it before anything else queued."""
+        self._routed.append((marker, _compile(steps)))
 
     def script(self, *steps: Step) -> None:
         """Queue one response for the next ``/api/chat`` call (FIFO, one per request).
@@ -442,6 +449,14 @@ class FakeOllama:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
+    def _route(self, body: Mapping[str, Any]) -> _Plan | None:
+        opening = " ".join(str(m.get("content", "")) for m in body.get("messages", [])[:2])
+        for index, (marker, plan) in enumerate(self._routed):
+            if marker in opening:
+                del self._routed[index]
+                return plan
+        return None
+
     def _gate(self, name: str) -> _Gate:
         return self._gates.setdefault(name, _Gate())
 
@@ -478,7 +493,10 @@ class FakeOllama:
         model = body.get("model", "")
         if model not in self.models:
             return _error(404, f"model '{model}' not found")
-        if self._without_tools is not None and not body.get("tools"):
+        routed = self._route(body)
+        if routed is not None:
+            plan = routed
+        elif self._without_tools is not None and not body.get("tools"):
             plan = self._without_tools
         else:
             plan = self._queue.popleft() if self._queue else self._default

@@ -592,3 +592,18 @@ async def test_requests_without_tools_can_be_answered_apart(
     tooled = await client.chat(model=MODEL, messages=HELLO, tools=[LOOKUP_TOOL])
 
     assert (bare.message.content, tooled.message.content) == ("a summary", "scripted")
+
+
+async def test_a_response_can_be_queued_for_requests_that_open_with_a_marker(
+    fake: FakeOllama, client: AsyncClient
+) -> None:
+    fake.script(Text("in turn"))
+    fake.script_for("apples", Text("for the apple task"))
+
+    other = await client.chat(model=MODEL, messages=HELLO)
+    marked = await client.chat(
+        model=MODEL,
+        messages=[{"role": "system", "content": "sub"}, {"role": "user", "content": "apples?"}],
+    )
+
+    assert (other.message.content, marked.message.content) == ("in turn", "for the apple task")

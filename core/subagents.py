@@ -1,0 +1,555 @@
+"""Sub-agents: work the person-facing agent hands off, run detached, reported back exactly once.
+
+Why it is shaped this way:
+- `delegate` returns at once with ids and names: the person keeps talking while sub-agents
+  work, and the parent's context never fills with their intermediate steps.
+- A run is an agent loop of its own (its profile's tools, narrowed by the spawn, never widened;
+  its own window and compaction; its own cap) ending when it calls `report`. A run that answers
+  in plain text reports that text; one that is stopped reports what it had said so far.
+- Exactly once: a finished report stays `pending` (stored) until a turn of its conversation that
+  carried it has stored its records. A turn carries reports it collected with `agent_wait`, or
+  those waiting when it starts (at the top of its message); when the conversation is idle, a
+  finished run starts a turn of its own (provenance `subagent`) that finds its report then, and
+  does nothing if another turn took it meanwhile. A turn that fails leaves its reports pending.
+  Claims live in memory; the store keeps the state across restarts.
+- Stops: `/agents stop` stops one; `/stop`, `/new` and shutdown stop all of a conversation's (or
+  the process's) at once, sharing one grace window. `/new` discards undelivered reports.
+- After a restart, runs a dead process left running are `lost` (their conversation is told
+  once), and finished reports that never reached their conversation are delivered.
+
+Ids (`a1`, `a2`, ...) come from the store, never reused in a conversation; names are slugs of the
+model's name for the task, or of the instruction. Model-facing text says `name (id, profile)`;
+every command and tool accepts either.
+"""
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from core.context import Calibration, Compaction, Compactor, ContextSettings
+from core.errors import KaiwaError, StoreError
+from core.loop import AgentLoop, ChatModel, LoopSettings
+from core.messages import AssistantMessage, ToolCall, ToolResult, Usage, UsageTotals
+from core.store import RunStart, Store, not_awaited
+from core.tables import utc_now
+from core.text import plural
+from core.tools import Tool, tool
+
+logger = logging.getLogger(__name__)
+
+REPORT_RULE = (
+    "\n\nYou are a sub-agent working on one task for another agent. When you are done, or cannot "
+    "go further, call `report` once with a short summary of what you found; that ends your work."
+)
+WORD = re.compile(r"[a-z0-9]+(?:[.:/-][a-z0-9]+)*")
+NAME_WORDS = 4
+
+
+class Profiles(Protocol):
+    def named(self, name: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class SubagentSettings:
+    """[subagents] in config: the caps, and the grace a stopped run gets."""
+
+    max_total: int = 20
+    """Runs a conversation may ever have."""
+    max_batch: int = 5
+    """Runs one `delegate` call may launch."""
+    max_concurrent: int = 5
+    """Runs of one conversation at once."""
+    max_iterations: int = 30
+    """Model calls one run may make."""
+    stop_grace: float = 2.0
+
+
+@dataclass(eq=False)
+class Run:
+    """A sub-agent run as this process knows it."""
+
+    row_id: int
+    key: str
+    name: str
+    profile: str
+    model: str
+    task: str
+    place: str
+    platform: str
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+    status: str = "running"
+    """running, done, stopped, failed (lost: only in the store, after a restart)."""
+    doing: str = "thinking"
+    report: str = ""
+    usage: UsageTotals = field(default_factory=UsageTotals)
+    last_tool: str | None = None
+    inbox: list[str] = field(default_factory=list)
+    claimed: bool = False
+    delivery: str = "pending"
+    worker: "asyncio.Task[None] | None" = None
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def label(self) -> str:
+        return f"{self.name} ({self.key}, {self.profile})"
+
+    def matches(self, wanted: str) -> bool:
+        return wanted in (self.key, self.name)
+
+
+@dataclass
+class Claims:
+    """The reports one turn carries; they count as delivered once its records are stored."""
+
+    runs: list[Run] = field(default_factory=list)
+
+
+def format_report(run: Run) -> str:
+    """One shape for every delivery, so the model learns one."""
+    how = {
+        "done": "reported",
+        "stopped": "was stopped; what it had",
+        "failed": "failed",
+    }.get(run.status, run.status)
+    return f"[Sub-agent report] {run.label()} {how}:\n{run.report or '(nothing)'}"
+
+
+def slug(text: str, taken: Sequence[str]) -> str:
+    """A kebab-case name from `text` (at most four words; bare numbers dropped, `10.0.0.5` kept
+    whole), made unique among `taken` (`port-scan-2`)."""
+    words = [w for w in WORD.findall(text.lower()) if not w.isdigit()][:NAME_WORDS]
+    base = "-".join(w.strip(".:/-") for w in words) or "task"
+    name, number = base, 2
+    while name in taken:
+        name, number = f"{base}-{number}", number + 1
+    return name
+
+
+class Subagents:
+    def __init__(
+        self,
+        store: Store,
+        model: ChatModel,
+        profiles: Profiles,
+        settings: SubagentSettings,
+        window: Callable[[Any], Awaitable[ContextSettings]],
+        *,
+        tool_timeout: float = 60.0,
+        tool_grace: float = 2.0,
+    ) -> None:
+        self._store = store
+        self._model = model
+        self._profiles = profiles
+        self.settings = settings
+        self._window = window
+        self._tool_timeout = tool_timeout
+        self._tool_grace = tool_grace
+        self._runs: dict[str, list[Run]] = {}
+        self.wake: Callable[[str, str], None] = lambda platform, place: None
+        """Start a turn in (platform, place) to carry a finished report; set by the runner."""
+
+    # -- what a turn uses --------------------------------------------------------------------
+
+    def tools_for(
+        self,
+        place: str,
+        platform: str,
+        parent: Any,
+        started: Callable[[], Awaitable[tuple[int, int]]],
+        claims: Claims,
+    ) -> dict[str, Tool]:
+        """`delegate` and `agent_wait` for one turn of the agent `parent` in `place`;
+        `started()` gives the turn's (conversation id, turn id) once stored."""
+        if not parent.delegates_to:
+            return {}
+        return {
+            "delegate": self._delegate_tool(place, platform, parent, started),
+            "agent_wait": self._wait_tool(place, claims),
+        }
+
+    def claim_ready(self, place: str, claims: Claims) -> list[Run]:
+        """Finished reports nobody carries yet, now carried by the turn holding `claims`."""
+        ready = [r for r in self._runs.get(place, []) if _deliverable(r)]
+        for run in ready:
+            run.claimed = True
+        claims.runs += ready
+        return ready
+
+    def settle(self, claims: Claims, *, delivered: bool) -> None:
+        """The turn carrying `claims` has ended: its reports are delivered if its records are
+        stored, else they wait for the next turn."""
+        if not claims.runs:
+            return
+        for run in claims.runs:
+            run.claimed = False
+            if delivered:
+                run.delivery = "delivered"
+        if delivered:
+            ids = [run.row_id for run in claims.runs]
+            not_awaited(self._store.set_delivery(ids, "delivered"), "marking reports delivered")
+        self._forget_delivered(claims.runs[0].place)
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def live(self, place: str) -> list[Run]:
+        return list(self._runs.get(place, []))
+
+    def find(self, place: str, wanted: str) -> Run | None:
+        return next((run for run in self._runs.get(place, []) if run.matches(wanted)), None)
+
+    async def stop(self, runs: Sequence[Run]) -> None:
+        """Stop `runs`, each reporting what it has, all within one grace window."""
+        workers = [run.worker for run in runs if run.worker is not None and run.status == "running"]
+        for worker in workers:
+            worker.cancel()
+        if workers:
+            await asyncio.wait(workers, timeout=self.settings.stop_grace)
+
+    async def stop_all(self, place: str) -> int:
+        running = [run for run in self._runs.get(place, []) if run.status == "running"]
+        await self.stop(running)
+        return len(running)
+
+    async def discard(self, place: str) -> None:
+        """`/new`: the conversation's runs stop and their undelivered reports are dropped."""
+        runs = self._runs.pop(place, [])
+        for run in runs:
+            run.delivery = "discarded"
+        await self.stop(runs)
+        ids = [run.row_id for run in runs if run.status != "running"]
+        if ids:
+            not_awaited(self._store.set_delivery(ids, "discarded"), "discarding reports")
+
+    def tell(self, run: Run, text: str) -> bool:
+        """A person's message for a running agent, read at its next step; False if it ended."""
+        if run.status != "running":
+            return False
+        run.inbox.append(text)
+        return True
+
+    async def shutdown(self) -> None:
+        await self.stop([run for runs in self._runs.values() for run in runs])
+
+    async def resume(
+        self,
+        lost: Sequence[tuple[str, Any]],
+        undelivered: Sequence[tuple[str, Any]],
+        notify: Callable[[str, str], Awaitable[None]],
+    ) -> None:
+        """After a restart: runs a dead process left running are lost (each conversation is told
+        once), and reports that finished without reaching their conversation are delivered."""
+        await self._store.mark_runs_lost([row.id for _, row in lost])
+        for place, row in lost:
+            await notify(
+                place,
+                f"Sub-agent {row.name} ({row.key}) was lost when Kaiwa restarted; ask again if "
+                "you still need its work.",
+            )
+        for place, row in undelivered:
+            assert row.id is not None
+            platform = place.partition(":")[0]  # every place is `<platform>:...`
+            run = Run(row.id, row.key, row.name, row.profile, row.model, row.task, place, platform)
+            run.status, run.report, run.ended = row.status, row.report or "", time.monotonic()
+            run.finished.set()
+            self._runs.setdefault(place, []).append(run)
+            self.wake(run.platform, place)
+
+    # -- the tools -----------------------------------------------------------------------------
+
+    def _delegate_tool(
+        self,
+        place: str,
+        platform: str,
+        parent: Any,
+        started: Callable[[], Awaitable[tuple[int, int]]],
+    ) -> Tool:
+        menu = "; ".join(
+            f"{name}: {getattr(self._profiles.named(name), 'description', '') or 'no description'}"
+            for name in parent.delegates_to
+        )
+
+        async def delegate(tasks: list[dict[str, Any]]) -> str:
+            refusal = self._refusal(place, parent, tasks)
+            if refusal:
+                return refusal
+            conversation_id, turn_id = await started()
+            launched = await self._launch(place, platform, conversation_id, turn_id, tasks)
+            lines = [f"- {run.label()}: {run.task}" for run in launched]
+            return (
+                f"Launched {len(launched)} {plural(len(launched), 'sub-agent')}:\n"
+                + "\n".join(lines)
+                + "\nThey work on their own. Answer the person now; collect the reports with "
+                "agent_wait when you need them (each also reaches this conversation by itself "
+                "when it is done)."
+            )
+
+        return Tool(
+            name="delegate",
+            description=(
+                "Hand self-contained tasks to sub-agents, which work on their own and report "
+                f"back later. Returns at once with their ids. Profiles: {menu}."
+            ),
+            function=delegate,
+            parameters={
+                "type": "object",
+                "properties": {
+                    "tasks": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "profile": {"type": "string"},
+                                "instruction": {"type": "string"},
+                                "name": {"type": "string"},
+                                "tools": {"type": "array", "items": {"type": "string"}},
+                            },
+                            "required": ["profile", "instruction"],
+                        },
+                    }
+                },
+                "required": ["tasks"],
+            },
+        )
+
+    def _wait_tool(self, place: str, claims: Claims) -> Tool:
+        @tool()
+        async def agent_wait(ids: list[str] | None = None, timeout_s: float = 30.0) -> str:
+            """Wait up to timeout_s seconds for sub-agents (ids or names; all of this
+            conversation's if none) and return the reports that are ready."""
+            wanted = [
+                run
+                for run in self._runs.get(place, [])
+                if not ids or any(run.matches(each) for each in ids)
+            ]
+            waiting = [run.finished.wait() for run in wanted if run.status == "running"]
+            if waiting:
+                futures = [asyncio.ensure_future(each) for each in waiting]
+                await asyncio.wait(futures, timeout=max(0.0, timeout_s))
+                for future in futures:
+                    future.cancel()
+            ready = [run for run in wanted if _deliverable(run)]
+            for run in ready:
+                run.claimed = True
+            claims.runs += ready
+            parts = [format_report(run) for run in ready]
+            running = [run.label() for run in wanted if run.status == "running"]
+            if running:
+                parts.append(f"Still running: {', '.join(running)}")
+            return "\n\n".join(parts) or "No sub-agent reports are waiting."
+
+        return agent_wait
+
+    def _refusal(self, place: str, parent: Any, tasks: list[dict[str, Any]]) -> str | None:
+        """Why these tasks cannot be launched, with what to do instead; None if they can."""
+        caps = self.settings
+        runs = self._runs.get(place, [])
+        running = sum(run.status == "running" for run in runs)
+        if not tasks:
+            return "Give at least one task: [{profile, instruction}]."
+        if len(tasks) > caps.max_batch:
+            return (
+                f"At most {caps.max_batch} sub-agents per delegate call; launch {caps.max_batch} "
+                "now and the rest once you have their reports (agent_wait)."
+            )
+        if running + len(tasks) > caps.max_concurrent:
+            return (
+                f"{running} sub-agents are running here and at most {caps.max_concurrent} may run "
+                "at once: collect their reports with agent_wait first, or do the work yourself."
+            )
+        if len(runs) + len(tasks) > caps.max_total:
+            return (
+                f"This conversation has had {len(runs)} of its {caps.max_total} sub-agents; do "
+                "the rest of the work yourself."
+            )
+        for task in tasks:
+            profile = self._profiles.named(task["profile"])
+            if task["profile"] not in parent.delegates_to or profile is None:
+                return (
+                    f"'{task['profile']}' is not a profile you may delegate to; choose one of: "
+                    f"{', '.join(parent.delegates_to)}."
+                )
+            outside = sorted(set(task.get("tools") or ()) - set(profile.tools))
+            if outside:
+                return (
+                    f"{task['profile']} may not use {', '.join(outside)}; a task may only narrow "
+                    f"its profile's tools ({', '.join(profile.tools) or 'none'})."
+                )
+        return None
+
+    async def _launch(
+        self,
+        place: str,
+        platform: str,
+        conversation_id: int,
+        turn_id: int,
+        tasks: list[dict[str, Any]],
+    ) -> list[Run]:
+        runs = self._runs.setdefault(place, [])
+        names: list[str] = [run.name for run in runs]
+        specs = []
+        for task in tasks:
+            names.append(slug(task.get("name") or task["instruction"], names))
+            profile = self._profiles.named(task["profile"])
+            specs.append(RunStart(names[-1], task["profile"], profile.model, task["instruction"]))
+        stored = await self._store.start_runs(conversation_id, turn_id, specs)
+        launched = []
+        for spec, task, (row_id, key) in zip(specs, tasks, stored, strict=True):
+            run = Run(row_id, key, spec.name, spec.profile, spec.model, spec.task, place, platform)
+            profile = self._profiles.named(spec.profile)
+            allowed = set(task.get("tools") or profile.tools)
+            tools = {name: each for name, each in profile.tools.items() if name in allowed}
+            run.worker = asyncio.create_task(self._work(run, profile, tools), name=f"{key} {place}")
+            runs.append(run)
+            launched.append(run)
+        return launched
+
+    # -- a run ---------------------------------------------------------------------------------
+
+    async def _work(self, run: Run, profile: Any, tools: dict[str, Tool]) -> None:
+        sink = _RunSink(self._store, run)
+        messages = [
+            {"role": "system", "content": profile.system_prompt + REPORT_RULE},
+            {"role": "user", "content": run.task},
+        ]
+        sink.add("user", run.task)
+        try:
+            context = await self._window(profile)
+            loop = AgentLoop(
+                self._model,
+                {**tools, "report": _report_tool()},
+                sink,
+                LoopSettings(
+                    agent=profile.name,
+                    model=profile.model,
+                    think=profile.think,
+                    max_iterations=self.settings.max_iterations,
+                    tool_timeout=self._tool_timeout,
+                    tool_grace=self._tool_grace,
+                ),
+                Compactor(self._model, profile.model, context, Calibration(), _no_record),
+                inbox=lambda: sink.noted(_read(run)),
+            )
+            result = await loop.run(messages)
+            run.status, run.report = "done", result.answer.text
+        except asyncio.CancelledError:
+            run.status, run.report = "stopped", sink.said() or "(nothing yet)"
+        except KaiwaError as exc:
+            run.status, run.report = "failed", str(exc)
+        except Exception as exc:
+            logger.exception("sub-agent %s in %s failed unexpectedly", run.key, run.place)
+            run.status, run.report = "failed", f"internal error ({type(exc).__name__})"
+        await self._ended(run, sink)
+
+    async def _ended(self, run: Run, sink: "_RunSink") -> None:
+        run.ended, run.doing = time.monotonic(), run.status
+        values = {
+            "status": run.status,
+            "report": run.report,
+            "ended_at": utc_now(),
+            "unread": len(run.inbox),
+            "model_calls": run.usage.model_calls,
+            "prompt_tokens": None if run.usage.unknown_calls else run.usage.prompt_tokens,
+            "output_tokens": None if run.usage.unknown_calls else run.usage.output_tokens,
+            "model_seconds": run.usage.seconds,
+        }
+        try:
+            await self._store.record_run(run.row_id, values=values, durable=True)
+        except StoreError as exc:
+            logger.error(
+                "sub-agent %s in %s: its ending could not be stored: %s", run.key, run.place, exc
+            )
+        logger.info(
+            "sub-agent %s (%s) in %s ended %s after %d model %s",
+            run.key,
+            run.name,
+            run.place,
+            run.status,
+            run.usage.model_calls,
+            plural(run.usage.model_calls, "call"),
+        )
+        run.finished.set()
+        if run.delivery == "pending" and not run.claimed:
+            self.wake(run.platform, run.place)
+
+    def _forget_delivered(self, place: str) -> None:
+        runs = self._runs.get(place, [])
+        runs[:] = [run for run in runs if run.status == "running" or run.delivery == "pending"]
+
+
+class _RunSink:
+    """A run's loop sink: the transcript goes to the store as it happens; `/agents` reads the
+    run's state from here."""
+
+    def __init__(self, store: Store, run: Run) -> None:
+        self._store = store
+        self._run = run
+        self._seq = 0
+        self._text = ""
+        self._said: list[str] = []
+
+    def add(self, role: str, text: str, tool_name: str | None = None, calls: Any = None) -> None:
+        self._seq += 1
+        row = (self._seq, role, text, tool_name, calls)
+        not_awaited(self._store.record_run(self._run.row_id, messages=[row]), "a sub-agent's step")
+
+    def noted(self, notes: list[str]) -> list[str]:
+        for note in notes:
+            self.add("user", note)
+        return notes
+
+    def said(self) -> str:
+        return "\n\n".join([*self._said, self._text] if self._text else self._said)
+
+    def status(self, text: str) -> None:
+        self._run.doing = "waiting"
+
+    def thinking(self, delta: str) -> None:
+        self._run.doing = "thinking"
+
+    def text(self, delta: str) -> None:
+        self._text += delta
+        self._run.doing = "writing"
+
+    def model_call_finished(self, usage: Usage, message: AssistantMessage | None) -> None:
+        self._run.usage.add(usage)
+        self._text = ""
+        if message is None:
+            return
+        if message.text:
+            self._said.append(message.text)
+        calls = [{"name": c.name, "arguments": c.arguments} for c in message.tool_calls] or None
+        self.add("assistant", message.text, calls=calls)
+
+    def tool_started(self, call: ToolCall) -> None:
+        self._run.doing, self._run.last_tool = f"using {call.name}", call.name
+
+    def tool_finished(self, result: ToolResult) -> None:
+        self._run.doing = "thinking"
+        self.add("tool", result.content, tool_name=result.call.name)
+
+
+def _report_tool() -> Tool:
+    @tool(final=True)
+    def report(summary: str, findings: str = "") -> str:
+        """Hand back your result: a short summary, and findings in detail if there are any.
+        Ends your work."""
+        return f"{summary}\n\n{findings}".strip()
+
+    return report
+
+
+def _read(run: Run) -> list[str]:
+    notes, run.inbox = run.inbox, []
+    return [f"[From the person watching] {note}" for note in notes]
+
+
+def _deliverable(run: Run) -> bool:
+    return run.status != "running" and run.delivery == "pending" and not run.claimed
+
+
+def _no_record(compaction: Compaction) -> None:
+    """A run's compactions change only its own context; its transcript keeps every message."""

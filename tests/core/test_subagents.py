@@ -1,0 +1,263 @@
+"""Sub-agents through the whole turn path and the fake Ollama: detached delegation, reports
+delivered exactly once, `/agents`, stops, caps and restarts.
+
+The fake answers each sub-agent by its task (`script_for`: a word of the task), and the parent
+by its queue, so their interleaving never decides which script a request gets. Ordering is by
+handshakes (the fake's pauses, a run's `finished` event); nothing here sleeps.
+"""
+
+from typing import Any
+
+from core.channel import Outcome
+from core.recovery import Recovery, leftovers
+from core.store import RunStart, Store, TurnStart, TurnState
+from core.subagents import SubagentSettings, slug
+from core.turns import AgentProfile
+from tests.fakes.ollama import Pause, Text, ToolCall
+from tests.harness import PLACE, Bot, BotFactory, echo
+
+RESEARCHER = AgentProfile(
+    name="researcher",
+    model="test-model",
+    system_prompt="You research one thing.",
+    tools={"echo": echo},
+    description="Looks one thing up.",
+)
+
+
+def task(instruction: str, **more: Any) -> dict[str, Any]:
+    return {"profile": "researcher", "instruction": instruction, **more}
+
+
+def parent(make_bot: BotFactory, **settings: Any) -> Bot:
+    return make_bot(agents={"researcher": RESEARCHER}, delegates_to=("researcher",), **settings)
+
+
+def reports(text: str) -> str:
+    return ToolCall("report", {"summary": text})  # type: ignore[return-value]
+
+
+async def finished(bot: Bot, key: str) -> None:
+    run = bot.runner.subagents.find(PLACE, key)
+    assert run is not None
+    await run.finished.wait()
+
+
+def requests_with(bot: Bot, words: str) -> list[dict[str, Any]]:
+    return [r for r in bot.ollama.requests if words in str(r["messages"])]
+
+
+async def test_delegation_returns_at_once_and_the_reports_arrive_in_one_follow_up_turn(
+    make_bot: BotFactory,
+) -> None:
+    bot = parent(make_bot)
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples"), task("find pears")]}))
+    bot.ollama.script(Text("I asked two helpers; I will tell you."))
+    bot.ollama.script_for("apples", Pause("apples"), reports("Apples: 3 kinds."))
+    bot.ollama.script_for("pears", Pause("pears"), reports("Pears: 2 kinds."))
+    bot.ollama.script(Text("Both are back: 3 kinds of apples, 2 of pears."))
+
+    await bot.send("what fruit is there?")
+    (first,) = await bot.channel.finished()
+    bot.ollama.release("apples")
+    bot.ollama.release("pears")
+    await finished(bot, "a1")
+    await finished(bot, "a2")
+    (_, follow_up) = await bot.channel.finished(2)
+    await bot.runner.wait_idle(PLACE)
+
+    assert first.text == "I asked two helpers; I will tell you."
+    assert follow_up.text == "Both are back: 3 kinds of apples, 2 of pears."
+    assert len(bot.channel.replies) == 2, "one follow-up, not one per report"
+    carried = requests_with(bot, "[Sub-agent report]")[0]["messages"][-1]["content"]
+    assert "find-apples (a1, researcher) reported:\nApples: 3 kinds." in carried
+    assert "find-pears (a2, researcher) reported:\nPears: 2 kinds." in carried
+    conversation = await bot.store.active_conversation(PLACE)
+    assert conversation is not None and conversation.id is not None
+    rows = await bot.store.runs(conversation.id)
+    assert [(r.key, r.status, r.delivery) for r in rows] == [
+        ("a1", "done", "delivered"),
+        ("a2", "done", "delivered"),
+    ]
+
+
+async def test_agent_wait_returns_what_is_ready_and_names_what_still_runs(
+    make_bot: BotFactory,
+) -> None:
+    bot = parent(make_bot)
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples"), task("find pears")]}))
+    bot.ollama.script(Pause("collect"), ToolCall("agent_wait", {"timeout_s": 0}))
+    bot.ollama.script(Text("One is back."))
+    bot.ollama.script_for("apples", reports("Apples: 3 kinds."))
+    bot.ollama.script_for("pears", Pause("pears"), reports("Pears: 2 kinds."))
+    bot.ollama.script(Text("Pears too."))
+
+    await bot.send("what fruit is there?")
+    await bot.ollama.reached("collect")  # the sub-agents are launched by then
+    await finished(bot, "a1")
+    bot.ollama.release("collect")
+    (first,) = await bot.channel.finished()
+    bot.ollama.release("pears")
+    await finished(bot, "a2")
+    await bot.channel.finished(2)
+
+    waited = [m for m in requests_with(bot, "Still running")[0]["messages"] if m["role"] == "tool"]
+    assert "find-apples (a1, researcher) reported:\nApples: 3 kinds." in waited[-1]["content"]
+    assert "Still running: find-pears (a2, researcher)" in waited[-1]["content"]
+    assert first.text == "One is back."
+    follow_up = requests_with(bot, "Pears: 2 kinds.")[-1]["messages"][-1]["content"]
+    assert "Apples" not in follow_up, "a report is delivered once"
+
+
+async def test_agents_lists_stops_one_and_tells_another(make_bot: BotFactory) -> None:
+    bot = parent(make_bot)
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples"), task("find pears")]}))
+    bot.ollama.script(Text("On it."))
+    bot.ollama.script_for("apples", Text("Apples so far: Gala"), Pause("apples"), Text(", Fuji"))
+    bot.ollama.script_for("pears", Pause("pears"), ToolCall("echo", {"word": "pear"}))
+    bot.ollama.script_for("pears", reports("Pears: 2 kinds, as told."))
+    bot.ollama.default = [Text("Noted.")]
+
+    await bot.send("what fruit is there?")
+    await bot.channel.finished()
+    await bot.ollama.reached("apples")
+    await bot.send("/agents")
+    await bot.send("/agents tell find-pears only count green ones")
+    await bot.send("/agents stop find-apples")
+    await finished(bot, "a1")
+    bot.ollama.release("pears")
+    await finished(bot, "a2")
+    await bot.runner.wait_idle(PLACE)
+
+    listing, told, stopped = bot.channel.notices_in(PLACE)[:3]
+    assert listing.startswith("Sub-agents here:\n")
+    assert "find-apples (a1) · researcher · " in listing and "0/30 model calls" in listing
+    assert "find-pears (a2) · researcher · " in listing
+    assert told == "find-pears (a2) reads it at its next step."
+    assert stopped == "Stopped find-apples (a1); its report follows."
+    apples = bot.runner.subagents.find(PLACE, "a1")
+    assert apples is None or apples.status == "stopped"
+    told_request = requests_with(bot, "[From the person watching] only count green ones")
+    assert told_request, "the message reached the agent at its next step"
+    carried = [r["messages"][-1]["content"] for r in requests_with(bot, "[Sub-agent report]")]
+    assert any(
+        "find-apples (a1, researcher) was stopped; what it had:\nApples so far: Gala" in c
+        for c in carried
+    )
+
+
+async def test_every_cap_refuses_with_what_to_do_instead(make_bot: BotFactory) -> None:
+    bot = parent(make_bot, subagents=SubagentSettings(max_batch=2, max_total=3))
+    too_many = {"tasks": [task("a"), task("b"), task("c")]}
+    bot.ollama.script(ToolCall("delegate", too_many))
+    bot.ollama.script(ToolCall("delegate", {"tasks": [{"profile": "poet", "instruction": "x"}]}))
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("x", tools=["current_time"])]}))
+    bot.ollama.script(Text("I will do it myself."))
+
+    await bot.send("do three things")
+    await bot.channel.finished()
+
+    results = [m["content"] for m in bot.ollama.requests[-1]["messages"] if m["role"] == "tool"]
+    assert "At most 2 sub-agents per delegate call" in results[0]
+    assert "agent_wait" in results[0]
+    assert "'poet' is not a profile you may delegate to; choose one of: researcher." in results[1]
+    assert "researcher may not use current_time; a task may only narrow" in results[2]
+    assert bot.runner.subagents.live(PLACE) == []
+
+
+async def test_stop_stops_the_turn_and_every_sub_agent(make_bot: BotFactory) -> None:
+    bot = parent(make_bot)
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples")]}))
+    bot.ollama.script(Pause("parent"), Text("never"))
+    bot.ollama.script_for("apples", Text("Gala"), Pause("apples"), Text(" and more"))
+    bot.ollama.default = [Text("Stopped it is.")]
+
+    await bot.send("what fruit is there?")
+    await bot.ollama.reached("parent")
+    await bot.ollama.reached("apples")
+    run = bot.runner.subagents.find(PLACE, "a1")
+    await bot.send("/stop")
+    assert run is not None
+    await run.finished.wait()
+    await bot.runner.wait_idle(PLACE)
+
+    assert bot.channel.replies[0].outcome is Outcome.STOPPED
+    assert bot.channel.notices_in(PLACE)[0] == (
+        "Stopped. Stopped 1 sub-agent; their reports follow."
+    )
+    assert (run.status, run.report) == ("stopped", "Gala")
+
+
+async def test_new_discards_undelivered_reports(make_bot: BotFactory) -> None:
+    bot = parent(make_bot)
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples")]}))
+    bot.ollama.script(Text("On it."))
+    bot.ollama.script_for("apples", Pause("apples"), reports("Apples."))
+
+    await bot.send("what fruit is there?")
+    await bot.channel.finished()
+    conversation = await bot.store.active_conversation(PLACE)
+    await bot.send("/new")
+    await bot.runner.wait_idle(PLACE)
+
+    assert conversation is not None and conversation.id is not None
+    (row,) = await bot.store.runs(conversation.id)
+    assert (row.status, row.delivery) == ("stopped", "discarded")
+    assert len(bot.channel.replies) == 1, "no follow-up carried a discarded report"
+
+
+def test_names_are_slugs_made_unique() -> None:
+    assert slug("Scan 10.0.0.5 for open ports, please", []) == "scan-10.0.0.5-for-open"
+    assert slug("Port scan", ["port-scan"]) == "port-scan-2"
+    assert slug("42 things", []) == "things"
+
+
+async def test_a_restart_marks_live_runs_lost_and_delivers_a_finished_report(
+    make_bot: BotFactory, store: Store
+) -> None:
+    """What a process killed mid-run leaves: one run still `running`, one finished whose report
+    never reached the conversation."""
+    started = await store.start_turn(TurnStart(PLACE, "assistant", "System.", "person", "go"))
+    conversation_id = started.conversation_id
+    _, (done, _) = await store.start_runs(
+        conversation_id,
+        started.turn_id,
+        [
+            RunStart("find-apples", "researcher", "test-model", "find apples"),
+            RunStart("find-pears", "researcher", "test-model", "find pears"),
+        ],
+    )
+    await store.record_run(done, values={"status": "done", "report": "Pears: 2 kinds."})
+    await store.record_turn(conversation_id, started.turn_id, state=TurnState("done"))
+
+    bot = parent(make_bot)  # the new process
+    bot.ollama.script(Text("The pears are back: 2 kinds."))
+    await Recovery(store, bot.runner, {"test": bot.channel}).resolve(await leftovers(store))
+    (reply,) = await bot.channel.finished()
+    await bot.runner.wait_idle(PLACE)
+
+    assert bot.channel.notices_in(PLACE) == [
+        "Sub-agent find-apples (a1) was lost when Kaiwa restarted; ask again if you still need "
+        "its work."
+    ]
+    assert reply.text == "The pears are back: 2 kinds."
+    carried = bot.ollama.requests[-1]["messages"][-1]["content"]
+    assert carried == "[Sub-agent report] find-pears (a2, researcher) reported:\nPears: 2 kinds."
+    rows = {row.key: row for row in await store.runs(conversation_id)}
+    assert (rows["a1"].status, rows["a2"].delivery) == ("lost", "delivered")
+
+
+async def test_usage_shows_the_sub_agents_spend_apart(make_bot: BotFactory) -> None:
+    bot = parent(make_bot)
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples")]}))
+    bot.ollama.script(Text("On it."))
+    bot.ollama.script_for("apples", reports("Apples."))
+    bot.ollama.script(Text("Apples are back."))
+
+    await bot.send("what fruit is there?")
+    await bot.channel.finished(2)
+    await bot.runner.wait_idle(PLACE)
+    await bot.send("/usage")
+
+    usage = bot.channel.notices_in(PLACE)[-1]
+    assert "Sub-agents (1 run, not in the total): 1 model call, " in usage
