@@ -67,6 +67,7 @@ class ChatModel(Protocol):
         think: bool | None = None,
         on_status: StatusCallback = ...,
         options: dict[str, Any] | None = None,
+        background: bool = False,
     ) -> ModelReply: ...
 
 
@@ -97,6 +98,8 @@ class LoopSettings:
     tool_timeout: float = 60.0
     tool_grace: float = 2.0
     """Seconds a stopped or timed-out tool gets to unwind before it is abandoned."""
+    background: bool = False
+    """Nobody waits on this loop's replies (a sub-agent): its model requests go after others."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,7 @@ class AgentLoop:
                 think=self._settings.think,
                 on_status=self._status,
                 options=self._context.options if self._context is not None else None,
+                background=self._settings.background,
             )
         except BaseException as exc:
             usage = Usage(None, None, seconds=time.monotonic() - started)

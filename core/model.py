@@ -130,10 +130,12 @@ class ModelClient:
         think: bool | None = None,
         on_status: StatusCallback = _no_status,
         options: dict[str, Any] | None = None,
+        background: bool = False,
     ) -> ModelReply:
         """Stream one reply into `reply`, calling `on_chunk` for each piece; raise a
         `ModelError` on failure. Returns `reply`, complete with its usage. `options` are
-        Ollama's (`num_ctx`, `num_predict`, ...). Until the first
+        Ollama's (`num_ctx`, `num_predict`, ...); a `background` request (a sub-agent's) waits
+        for a slot behind those a person waits for. Until the first
         piece, `on_status` hears what the request waits for: a slot ("waiting for the model: 2
         requests ahead"), then, if the first piece is slow to come, the model ("loading
         qwen3:4b…" when it has not answered within its keep-alive, else "waiting for
@@ -146,7 +148,7 @@ class ModelClient:
             waited = True
             on_status(f"waiting for the model: {ahead} {plural(ahead, 'request')} ahead")
 
-        async with self._slots.held(queued):
+        async with self._slots.held(queued, background=background):
             state = "waiting for" if self._is_warm(model) else "loading"
             # A quick start shows nothing; a slow one (or one that queued) says what it waits for.
             slow = asyncio.get_running_loop().call_later(

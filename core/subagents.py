@@ -429,6 +429,7 @@ class Subagents:
                     max_iterations=self.settings.max_iterations,
                     tool_timeout=self._tool_timeout,
                     tool_grace=self._tool_grace,
+                    background=True,
                 ),
                 Compactor(self._model, profile.model, context, Calibration(), _no_record),
                 inbox=lambda: sink.noted(_read(run)),

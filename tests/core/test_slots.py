@@ -75,3 +75,30 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_the_others_move_up() -> N
     release.set()
     await asyncio.gather(holding, staying)
     assert slots.waiting == 0
+
+
+async def test_a_request_a_person_waits_for_goes_ahead_of_background_ones() -> None:
+    """Five sub-agents queued must not hold up a person's message in another conversation."""
+    slots = RequestSlots(1)
+    order: list[str] = []
+    first_in, release_first = asyncio.Event(), asyncio.Event()
+    person, background = Told(), Told()
+
+    async def request(name: str, told: Told, *, in_background: bool) -> None:
+        async with slots.held(told, background=in_background):
+            order.append(name)
+            if name == "busy":
+                first_in.set()
+                await release_first.wait()
+
+    running = [asyncio.create_task(request("busy", Told(), in_background=True))]
+    await first_in.wait()
+    running.append(asyncio.create_task(request("sub-agent", background, in_background=True)))
+    await background.told(1)
+    running.append(asyncio.create_task(request("person", person, in_background=False)))
+    await person.told(1)
+    release_first.set()
+    await asyncio.gather(*running)
+
+    assert order == ["busy", "person", "sub-agent"]
+    assert person.places == [1] and background.places == [1, 2, 1]
