@@ -111,7 +111,7 @@ class Commands:
 
     async def _agents_stop(self, place: str, target: str) -> str:
         if not target:
-            return "Which one? /agents stop <name or id> (/stop stops them all)."
+            return "Which one? /agents stop NAME, with a name or id from /agents (/stop stops all)."
         run = self._runner.subagents.find(place, target)
         if run is None or run.status != "running":
             return f"No running sub-agent {target} here; /agents lists them."
@@ -120,7 +120,7 @@ class Commands:
 
     def _agents_tell(self, place: str, target: str, text: str) -> str:
         if not (target and text):
-            return "Usage: /agents tell <name or id> <message>"
+            return "Which one, and what? /agents tell NAME MESSAGE, with a name or id from /agents."
         run = self._runner.subagents.find(place, target)
         if run is None or not self._runner.subagents.tell(run, text):
             return f"No running sub-agent {target} here; /agents lists them."

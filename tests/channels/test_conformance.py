@@ -218,6 +218,22 @@ async def test_a_stranger_is_refused_without_a_model_call(platform: Platform) ->
     assert platform.bot.ollama.requests == []
 
 
+async def test_agents_answers_in_the_conversation(platform: Platform) -> None:
+    platform.bot.ollama.script(Text("Hello."))
+    platform.say(ANN, "hi")
+    await platform.wait_until(lambda: platform.shown(ANN) == ["Hello."], "the reply")
+
+    platform.say(ANN, "/agents")
+    await platform.wait_until(lambda: len(platform.shown(ANN)) == 2, "the /agents answer")
+    platform.say(ANN, "/agents stop")
+    await platform.wait_until(lambda: len(platform.shown(ANN)) == 3, "the usage line")
+
+    assert platform.shown(ANN)[1:] == [
+        "No sub-agents in this conversation.",
+        "Which one? /agents stop NAME, with a name or id from /agents (/stop stops all).",
+    ]
+
+
 async def test_commands_work_while_a_reply_streams(platform: Platform) -> None:
     ollama = platform.bot.ollama
     ollama.script(Text("Thinking out loud"), Pause("busy"), Text(", done."))
