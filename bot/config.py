@@ -384,6 +384,7 @@ def _checked(config: Config) -> Config:
         "subagents.max_batch": config.subagents.max_batch,
         "subagents.max_concurrent": config.subagents.max_concurrent,
         "subagents.max_iterations": config.subagents.max_iterations,
+        "subagents.max_depth": config.subagents.max_depth,
         "subagents.stop_grace": config.subagents.stop_grace,
         "storage.write_retry_seconds": config.storage.write_retry_seconds,
         "storage.connections": config.storage.connections,

@@ -601,7 +601,11 @@ class Store:
     # -- sub-agent runs ------------------------------------------------------------------------
 
     def start_runs(
-        self, conversation_id: int, parent_turn_id: int | None, runs: Sequence[RunStart]
+        self,
+        conversation_id: int,
+        parent_turn_id: int | None,
+        runs: Sequence[RunStart],
+        parent_run_id: int | None = None,
     ) -> Awaitable[list[tuple[int, str]]]:
         """Store new runs of a conversation, keyed `a<n>` after every run it ever had (keys are
         never reused); their row ids and keys, in order. One transaction."""
@@ -617,6 +621,7 @@ class Store:
                     {
                         "conversation_id": conversation_id,
                         "parent_turn_id": parent_turn_id,
+                        "parent_run_id": parent_run_id,
                         "key": key,
                         "name": spec.name,
                         "profile": spec.profile,

@@ -12,8 +12,12 @@ Why it is shaped this way:
   finished run starts a turn of its own (provenance `subagent`) that finds its report then, and
   does nothing if another turn took it meanwhile. A turn that fails leaves its reports pending.
   Claims live in memory; the store keeps the state across restarts.
-- Stops: `/agents stop` stops one; `/stop`, `/new` and shutdown stop all of a conversation's (or
-  the process's) at once, sharing one grace window. `/new` discards undelivered reports.
+- Only the person-facing agent's `delegate` is detached. A sub-agent whose profile delegates
+  (below the depth cap) gets a `delegate` that waits for the runs it launched and returns their
+  reports to it alone; stopping it stops them too.
+- Stops: `/agents stop` stops one (and its children); `/stop`, `/new` and shutdown stop all of a
+  conversation's (or the process's) at once, sharing one grace window. `/new` discards
+  undelivered reports.
 - After a restart, runs a dead process left running are `lost` (their conversation is told
   once), and finished reports that never reached their conversation are delivered.
 
@@ -65,6 +69,8 @@ class SubagentSettings:
     """Runs of one conversation at once."""
     max_iterations: int = 30
     """Model calls one run may make."""
+    max_depth: int = 2
+    """Levels of sub-agents: at 2, a sub-agent may delegate, its sub-agents may not."""
     stop_grace: float = 2.0
 
 
@@ -80,6 +86,9 @@ class Run:
     task: str
     place: str
     platform: str
+    conversation_id: int = 0
+    parent: "Run | None" = None
+    """The run that launched this one, which alone receives its report."""
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
     status: str = "running"
@@ -343,7 +352,9 @@ class Subagents:
 
         return agent_wait
 
-    def _refusal(self, place: str, parent: Any, tasks: list[dict[str, Any]]) -> str | None:
+    def _refusal(
+        self, place: str, parent: Any, tasks: list[dict[str, Any]], *, nested: bool = False
+    ) -> str | None:
         """Why these tasks cannot be launched, with what to do instead; None if they can."""
         caps = self.settings
         runs = self._runs.get(place, [])
@@ -351,14 +362,20 @@ class Subagents:
         if not tasks:
             return "Give at least one task: [{profile, instruction}]."
         if len(tasks) > caps.max_batch:
+            later = "in a second call" if nested else "once you have their reports (agent_wait)"
             return (
                 f"At most {caps.max_batch} sub-agents per delegate call; launch {caps.max_batch} "
-                "now and the rest once you have their reports (agent_wait)."
+                f"now and the rest {later}."
             )
         if running + len(tasks) > caps.max_concurrent:
+            instead = (
+                "do this part of the work yourself"
+                if nested
+                else "collect their reports with agent_wait first, or do the work yourself"
+            )
             return (
                 f"{running} sub-agents are running here and at most {caps.max_concurrent} may run "
-                "at once: collect their reports with agent_wait first, or do the work yourself."
+                f"at once: {instead}."
             )
         if len(runs) + len(tasks) > caps.max_total:
             return (
@@ -385,8 +402,9 @@ class Subagents:
         place: str,
         platform: str,
         conversation_id: int,
-        turn_id: int,
+        turn_id: int | None,
         tasks: list[dict[str, Any]],
+        parent: Run | None = None,
     ) -> list[Run]:
         runs = self._runs.setdefault(place, [])
         names: list[str] = [run.name for run in runs]
@@ -395,17 +413,61 @@ class Subagents:
             names.append(slug(task.get("name") or task["instruction"], names))
             profile = self._profiles.named(task["profile"])
             specs.append(RunStart(names[-1], task["profile"], profile.model, task["instruction"]))
-        stored = await self._store.start_runs(conversation_id, turn_id, specs)
+        parent_id = parent.row_id if parent is not None else None
+        stored = await self._store.start_runs(conversation_id, turn_id, specs, parent_id)
         launched = []
         for spec, task, (row_id, key) in zip(specs, tasks, stored, strict=True):
             run = Run(row_id, key, spec.name, spec.profile, spec.model, spec.task, place, platform)
+            run.conversation_id, run.parent = conversation_id, parent
             profile = self._profiles.named(spec.profile)
             allowed = set(task.get("tools") or profile.tools)
             tools = {name: each for name, each in profile.tools.items() if name in allowed}
+            if profile.delegates_to and self._depth(run) < self.settings.max_depth:
+                tools["delegate"] = self._nested_delegate_tool(run, profile)
             run.worker = asyncio.create_task(self._work(run, profile, tools), name=f"{key} {place}")
             runs.append(run)
             launched.append(run)
         return launched
+
+    def _nested_delegate_tool(self, run: Run, profile: Any) -> Tool:
+        """A sub-agent's `delegate`: it waits for the runs it launches and gets their reports
+        itself; if it is stopped meanwhile, they are stopped too."""
+
+        async def delegate(tasks: list[dict[str, Any]]) -> str:
+            refusal = self._refusal(run.place, profile, tasks, nested=True)
+            if refusal:
+                return refusal
+            children = await self._launch(
+                run.place, run.platform, run.conversation_id, None, tasks, parent=run
+            )
+            try:
+                await asyncio.gather(*(child.finished.wait() for child in children))
+            except asyncio.CancelledError:
+                await self.stop(children)
+                raise
+            for child in children:
+                child.delivery = "delivered"
+            ids = [child.row_id for child in children]
+            not_awaited(self._store.set_delivery(ids, "delivered"), "marking reports delivered")
+            return "\n\n".join(format_report(child) for child in children)
+
+        detached = self._delegate_tool(run.place, run.platform, profile, _never)
+        return Tool(
+            name="delegate",
+            description=(
+                "Hand self-contained parts of your task to sub-agents and wait for their "
+                "reports. Profiles: " + detached.description.split("Profiles: ", 1)[-1]
+            ),
+            function=delegate,
+            parameters=detached.parameters,
+        )
+
+    @staticmethod
+    def _depth(run: Run) -> int:
+        depth, above = 1, run.parent
+        while above is not None:
+            depth, above = depth + 1, above.parent
+        return depth
 
     # -- a run ---------------------------------------------------------------------------------
 
@@ -473,7 +535,7 @@ class Subagents:
             plural(run.usage.model_calls, "call"),
         )
         run.finished.set()
-        if run.delivery == "pending" and not run.claimed:
+        if run.parent is None and run.delivery == "pending" and not run.claimed:
             self.wake(run.platform, run.place)
 
     def _forget_delivered(self, place: str) -> None:
@@ -549,7 +611,17 @@ def _read(run: Run) -> list[str]:
 
 
 def _deliverable(run: Run) -> bool:
-    return run.status != "running" and run.delivery == "pending" and not run.claimed
+    """A report the conversation still has to get (a nested run's goes to its parent)."""
+    return (
+        run.parent is None
+        and run.status != "running"
+        and run.delivery == "pending"
+        and not run.claimed
+    )
+
+
+async def _never() -> tuple[int, int]:
+    raise AssertionError("a nested delegation knows its conversation")
 
 
 def _no_record(compaction: Compaction) -> None:

@@ -146,6 +146,8 @@ class SubagentRun(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     conversation_id: int = Field(foreign_key="conversations.id", index=True)
     parent_turn_id: int | None = Field(default=None, foreign_key="turns.id")
+    parent_run_id: int | None = Field(default=None, foreign_key="subagent_runs.id")
+    """The run that launched this one (a nested delegation); None for the conversation's."""
     key: str = Field(max_length=20)
     name: str = Field(max_length=100)
     profile: str = Field(max_length=100)

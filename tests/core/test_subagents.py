@@ -261,3 +261,68 @@ async def test_usage_shows_the_sub_agents_spend_apart(make_bot: BotFactory) -> N
 
     usage = bot.channel.notices_in(PLACE)[-1]
     assert "Sub-agents (1 run, not in the total): 1 model call, " in usage
+
+
+PLANNER = AgentProfile(
+    name="planner",
+    model="test-model",
+    system_prompt="You plan.",
+    tools={},
+    delegates_to=("researcher",),
+)
+
+
+def with_planner(make_bot: BotFactory) -> Bot:
+    agents = {"researcher": RESEARCHER, "planner": PLANNER}
+    return make_bot(agents=agents, delegates_to=("planner",))
+
+
+async def test_a_nested_delegation_waits_for_its_own_children_and_gets_their_reports(
+    make_bot: BotFactory,
+) -> None:
+    bot = with_planner(make_bot)
+    bot.ollama.script(
+        ToolCall("delegate", {"tasks": [{"profile": "planner", "instruction": "plan a trip"}]})
+    )
+    bot.ollama.script(Text("Planning."))
+    bot.ollama.script_for("plan a trip", ToolCall("delegate", {"tasks": [task("find trains")]}))
+    bot.ollama.script_for("plan a trip", reports("Take the 9:00 train."))
+    bot.ollama.script_for("trains", reports("Trains at 9:00 and 11:00."))
+    bot.ollama.script(Text("The plan: the 9:00 train."))
+
+    await bot.send("plan my trip")
+    await bot.channel.finished(2)
+    await bot.runner.wait_idle(PLACE)
+
+    planner_saw = requests_with(bot, "Trains at 9:00 and 11:00.")[0]["messages"]
+    assert planner_saw[0]["content"].startswith("You plan."), (
+        "the child's report went to its parent"
+    )
+    carried = requests_with(bot, "[Sub-agent report]")[-1]["messages"][-1]["content"]
+    assert carried == (
+        "[Sub-agent report] plan-a-trip (a1, planner) reported:\nTake the 9:00 train."
+    )
+    (researcher,) = [r for r in bot.ollama.requests if "You research" in str(r["messages"][0])]
+    researcher_tools = [t["function"]["name"] for t in researcher["tools"]]
+    assert "delegate" not in researcher_tools, "at the depth cap there is no delegate"
+
+
+async def test_stopping_a_sub_agent_stops_the_ones_it_launched(make_bot: BotFactory) -> None:
+    bot = with_planner(make_bot)
+    bot.ollama.script(
+        ToolCall("delegate", {"tasks": [{"profile": "planner", "instruction": "plan a trip"}]})
+    )
+    bot.ollama.script(Text("Planning."))
+    bot.ollama.script_for("plan a trip", ToolCall("delegate", {"tasks": [task("find trains")]}))
+    bot.ollama.script_for("trains", Text("Looking"), Pause("trains"), Text(" still"))
+    bot.ollama.default = [Text("Stopped, then.")]
+
+    await bot.send("plan my trip")
+    await bot.ollama.reached("trains")
+    planner, trains = bot.runner.subagents.find(PLACE, "a1"), bot.runner.subagents.find(PLACE, "a2")
+    assert planner is not None and trains is not None
+    await bot.send("/agents stop plan-a-trip")
+    await trains.finished.wait()
+    await bot.runner.wait_idle(PLACE)
+
+    assert (planner.status, trains.status) == ("stopped", "stopped")

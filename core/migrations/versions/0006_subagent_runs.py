@@ -21,6 +21,7 @@ def upgrade() -> None:
             "conversation_id", sa.Integer(), sa.ForeignKey("conversations.id"), nullable=False
         ),
         sa.Column("parent_turn_id", sa.Integer(), sa.ForeignKey("turns.id"), nullable=True),
+        sa.Column("parent_run_id", sa.Integer(), sa.ForeignKey("subagent_runs.id"), nullable=True),
         sa.Column("key", sa.String(20), nullable=False),
         sa.Column("name", sa.String(100), nullable=False),
         sa.Column("profile", sa.String(100), nullable=False),
