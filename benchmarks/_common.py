@@ -319,13 +319,14 @@ async def build_kaiwa(
     connect_timeout: float = 5.0,
     channel: Any = None,
     context_window: int = 0,
+    agents: dict[str, Any] | None = None,
 ) -> Kaiwa:
     """The real turn path, wired as tests/harness.py and bot/app.py do, on `channel` (a
     `BenchChannel` unless given), open to anyone; no tools, so Kaiwa sends the same request body
     as the bare client (plus keep_alive). `url` is the (fake) Ollama's; the store opens
     `database_url`, by default a SQLite file in `data_dir`, with the default `StoreSettings`
-    (as `[storage]` has them); `context_window` 0 chooses the window as `[context]` does. Close
-    it with `Kaiwa.close`."""
+    (as `[storage]` has them); `context_window` 0 chooses the window as `[context]` does;
+    `agents`, profiles the assistant may delegate to. Close it with `Kaiwa.close`."""
     from core.dispatcher import AccessRules, Allowed, Dispatcher
     from core.model import ModelClient, ModelSettings
     from core.store import Store, StoreSettings
@@ -353,8 +354,11 @@ async def build_kaiwa(
         system_prompt=SYSTEM_PROMPT,
         tools={},
         context_window=context_window,
+        delegates_to=tuple(agents or ()),
     )
-    settings = TurnSettings(agent=agent, max_cached_conversations=max(1000, 2 * max_concurrent))
+    settings = TurnSettings(
+        agent=agent, agents=agents or {}, max_cached_conversations=max(1000, 2 * max_concurrent)
+    )
     runner = TurnRunner(store, model, channels, settings)
     access = AccessRules({channel.platform: Allowed(users=None)})
     dispatcher = Dispatcher(store, runner, channels, access, max_message_chars=16_000)
