@@ -404,6 +404,12 @@ def _checked(config: Config) -> Config:
     for key, number in positive.items():
         if number <= 0:
             raise ConfigError(f"'{key}' must be greater than 0, got {number}")
+    routing = config.subagents.routing
+    if routing.enabled and not (routing.small and routing.medium and routing.large):
+        raise ConfigError(
+            "'subagents.routing' is enabled: set its small, medium and large models (or turn it "
+            "off with enabled = false)"
+        )
     if config.ollama.retries < 0:
         raise ConfigError(f"'ollama.retries' must be 0 or more, got {config.ollama.retries}")
     _check_context(config)

@@ -207,6 +207,7 @@ def describe_run(row: SubagentRun, live: Run | None, cap: int) -> str:
     return (
         f"{row.name} ({row.key}) · {row.profile} · {state} · {seconds:.0f} s · "
         f"{calls}/{cap} model calls · {tokens} tokens"
+        + (f" · {row.model}, routed {live.route}" if live is not None and live.route else "")
     )
 
 

@@ -27,6 +27,7 @@ every command and tool accepts either.
 """
 
 import asyncio
+import dataclasses
 import logging
 import re
 import time
@@ -58,6 +59,34 @@ class Profiles(Protocol):
 
 
 @dataclass(frozen=True)
+class RoutingSettings:
+    """[subagents.routing]: a model per kind of task instead of each profile's own, decided by
+    plain rules so the choice can be explained (off by default)."""
+
+    enabled: bool = False
+    small: str = ""
+    """For `extract` and `format` tasks with only read-only tools and a short instruction."""
+    medium: str = ""
+    """For `analyze` tasks."""
+    large: str = ""
+    """For everything else."""
+    short_instruction: int = 400
+    """Characters an instruction may have and still count as short."""
+
+    def route(self, kind: str, instruction: str, tools: Sequence[Tool]) -> tuple[str, str] | None:
+        """The model for a task, and why; None when routing is off."""
+        if not self.enabled:
+            return None
+        if kind in ("extract", "format"):
+            if all(each.read_only for each in tools) and len(instruction) <= self.short_instruction:
+                return self.small, f"small: a short {kind} task with read-only tools"
+            return self.large, f"large: a {kind} task with tools that change things or a long brief"
+        if kind == "analyze":
+            return self.medium, "medium: an analyze task"
+        return self.large, "large: " + (f"a {kind} task" if kind else "no kind given")
+
+
+@dataclass(frozen=True)
 class SubagentSettings:
     """[subagents] in config: the caps, and the grace a stopped run gets."""
 
@@ -72,6 +101,7 @@ class SubagentSettings:
     max_depth: int = 2
     """Levels of sub-agents: at 2, a sub-agent may delegate, its sub-agents may not."""
     stop_grace: float = 2.0
+    routing: RoutingSettings = field(default_factory=RoutingSettings)
 
 
 @dataclass(eq=False)
@@ -102,6 +132,9 @@ class Run:
     delivery: str = "pending"
     worker: "asyncio.Task[None] | None" = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+    route: str = ""
+    """Why routing chose its model ('' when it runs its profile's)."""
 
     def label(self) -> str:
         return f"{self.name} ({self.key}, {self.profile})"
@@ -287,7 +320,7 @@ class Subagents:
                 return refusal
             conversation_id, turn_id = await started()
             launched = await self._launch(place, platform, conversation_id, turn_id, tasks)
-            lines = [f"- {run.label()}: {run.task}" for run in launched]
+            lines = [f"- {run.label()} on {run.model}{_why(run)}: {run.task}" for run in launched]
             return (
                 f"Launched {len(launched)} {plural(len(launched), 'sub-agent')}:\n"
                 + "\n".join(lines)
@@ -315,6 +348,10 @@ class Subagents:
                                 "instruction": {"type": "string"},
                                 "name": {"type": "string"},
                                 "tools": {"type": "array", "items": {"type": "string"}},
+                                "kind": {
+                                    "type": "string",
+                                    "enum": ["extract", "format", "analyze", "other"],
+                                },
                             },
                             "required": ["profile", "instruction"],
                         },
@@ -408,18 +445,22 @@ class Subagents:
     ) -> list[Run]:
         runs = self._runs.setdefault(place, [])
         names: list[str] = [run.name for run in runs]
-        specs = []
+        specs, routes = [], []
         for task in tasks:
             names.append(slug(task.get("name") or task["instruction"], names))
             profile = self._profiles.named(task["profile"])
-            specs.append(RunStart(names[-1], task["profile"], profile.model, task["instruction"]))
+            tools = [profile.tools[name] for name in task.get("tools") or profile.tools]
+            routed = self.settings.routing.route(task.get("kind", ""), task["instruction"], tools)
+            model, why = routed or (profile.model, "")
+            routes.append(why)
+            specs.append(RunStart(names[-1], task["profile"], model, task["instruction"]))
         parent_id = parent.row_id if parent is not None else None
         stored = await self._store.start_runs(conversation_id, turn_id, specs, parent_id)
         launched = []
-        for spec, task, (row_id, key) in zip(specs, tasks, stored, strict=True):
+        for spec, task, why, (row_id, key) in zip(specs, tasks, routes, stored, strict=True):
             run = Run(row_id, key, spec.name, spec.profile, spec.model, spec.task, place, platform)
-            run.conversation_id, run.parent = conversation_id, parent
-            profile = self._profiles.named(spec.profile)
+            run.conversation_id, run.parent, run.route = conversation_id, parent, why
+            profile = dataclasses.replace(self._profiles.named(spec.profile), model=spec.model)
             allowed = set(task.get("tools") or profile.tools)
             tools = {name: each for name, each in profile.tools.items() if name in allowed}
             if profile.delegates_to and self._depth(run) < self.settings.max_depth:
@@ -618,6 +659,10 @@ def _deliverable(run: Run) -> bool:
         and run.delivery == "pending"
         and not run.claimed
     )
+
+
+def _why(run: Run) -> str:
+    return f" (routed {run.route})" if run.route else ""
 
 
 async def _never() -> tuple[int, int]:
