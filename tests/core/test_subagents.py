@@ -364,3 +364,25 @@ async def test_a_routed_sub_agent_runs_on_its_tiers_model_and_says_why(
     assert (
         "extract-the-dates (a1, researcher) on small-m (routed small: a short extract" in launched
     )
+
+
+async def test_a_report_that_lands_mid_turn_is_delivered_once_after_that_turn(
+    make_bot: BotFactory,
+) -> None:
+    bot = parent(make_bot)
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples")]}))
+    bot.ollama.script(Pause("parent"), Text("Still answering you."))
+    bot.ollama.script_for("apples", reports("Apples: 3 kinds."))
+    bot.ollama.script(Text("The apples are back: 3 kinds."))
+
+    await bot.send("what fruit is there?")
+    await bot.ollama.reached("parent")
+    await finished(bot, "a1")  # the report lands while the turn still runs
+    bot.ollama.release("parent")
+    (first, follow_up) = await bot.channel.finished(2)
+    await bot.runner.wait_idle(PLACE)
+
+    assert first.text == "Still answering you."
+    assert follow_up.text == "The apples are back: 3 kinds."
+    assert len(bot.channel.replies) == 2
+    assert len(requests_with(bot, "[Sub-agent report]")) == 1
