@@ -383,6 +383,7 @@ def _checked(config: Config) -> Config:
         "subagents.max_total": config.subagents.max_total,
         "subagents.max_batch": config.subagents.max_batch,
         "subagents.max_concurrent": config.subagents.max_concurrent,
+        "subagents.max_running": config.subagents.max_running,
         "subagents.max_iterations": config.subagents.max_iterations,
         "subagents.max_depth": config.subagents.max_depth,
         "subagents.stop_grace": config.subagents.stop_grace,

@@ -96,6 +96,8 @@ class SubagentSettings:
     """Runs one `delegate` call may launch."""
     max_concurrent: int = 5
     """Runs of one conversation at once."""
+    max_running: int = 20
+    """Runs of every conversation at once, in this process."""
     max_iterations: int = 30
     """Model calls one run may make."""
     max_depth: int = 2
@@ -413,6 +415,12 @@ class Subagents:
             return (
                 f"{running} sub-agents are running here and at most {caps.max_concurrent} may run "
                 f"at once: {instead}."
+            )
+        everywhere = sum(run.status == "running" for each in self._runs.values() for run in each)
+        if everywhere + len(tasks) > caps.max_running:
+            return (
+                f"Kaiwa is running {everywhere} sub-agents across its conversations, its limit "
+                f"being {caps.max_running}: do the work yourself, or delegate later."
             )
         if len(runs) + len(tasks) > caps.max_total:
             return (

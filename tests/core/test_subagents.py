@@ -165,6 +165,18 @@ async def test_every_cap_refuses_with_what_to_do_instead(make_bot: BotFactory) -
     assert bot.runner.subagents.live(PLACE) == []
 
 
+async def test_the_process_wide_cap_refuses_too(make_bot: BotFactory) -> None:
+    bot = parent(make_bot, subagents=SubagentSettings(max_running=1))
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples"), task("find pears")]}))
+    bot.ollama.script(Text("I will do it myself."))
+
+    await bot.send("two things")
+    await bot.channel.finished()
+
+    (refused,) = [m for m in bot.ollama.requests[-1]["messages"] if m["role"] == "tool"]
+    assert "its limit being 1: do the work yourself, or delegate later." in refused["content"]
+
+
 async def test_stop_stops_the_turn_and_every_sub_agent(make_bot: BotFactory) -> None:
     bot = parent(make_bot)
     bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples")]}))
