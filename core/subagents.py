@@ -50,6 +50,11 @@ REPORT_RULE = (
     "\n\nYou are a sub-agent working on one task for another agent. When you are done, or cannot "
     "go further, call `report` once with a short summary of what you found; that ends your work."
 )
+GENERAL = "general"
+GENERAL_PROMPT = (
+    "You are a capable generalist. Do the task you are given thoroughly, with the tools you "
+    "have, and be precise about what you found and what you could not find."
+)
 WORD = re.compile(r"[a-z0-9]+(?:[.:/-][a-z0-9]+)*")
 NAME_WORDS = 4
 
@@ -312,8 +317,8 @@ class Subagents:
         started: Callable[[], Awaitable[tuple[int, int]]],
     ) -> Tool:
         menu = "; ".join(
-            f"{name}: {getattr(self._profiles.named(name), 'description', '') or 'no description'}"
-            for name in parent.delegates_to
+            f"{name}: {getattr(self._profile(parent, name), 'description', '') or 'no description'}"
+            for name in _choices(parent)
         )
 
         async def delegate(tasks: list[dict[str, Any]]) -> str:
@@ -321,7 +326,7 @@ class Subagents:
             if refusal:
                 return refusal
             conversation_id, turn_id = await started()
-            launched = await self._launch(place, platform, conversation_id, turn_id, tasks)
+            launched = await self._launch(place, platform, conversation_id, turn_id, tasks, parent)
             lines = [f"- {run.label()} on {run.model}{_why(run)}: {run.task}" for run in launched]
             return (
                 f"Launched {len(launched)} {plural(len(launched), 'sub-agent')}:\n"
@@ -428,11 +433,11 @@ class Subagents:
                 "the rest of the work yourself."
             )
         for task in tasks:
-            profile = self._profiles.named(task["profile"])
-            if task["profile"] not in parent.delegates_to or profile is None:
+            profile = self._profile(parent, task["profile"])
+            if profile is None:
                 return (
                     f"'{task['profile']}' is not a profile you may delegate to; choose one of: "
-                    f"{', '.join(parent.delegates_to)}."
+                    f"{', '.join(_choices(parent))}."
                 )
             outside = sorted(set(task.get("tools") or ()) - set(profile.tools))
             if outside:
@@ -449,6 +454,7 @@ class Subagents:
         conversation_id: int,
         turn_id: int | None,
         tasks: list[dict[str, Any]],
+        delegator: Any,
         parent: Run | None = None,
     ) -> list[Run]:
         runs = self._runs.setdefault(place, [])
@@ -456,7 +462,7 @@ class Subagents:
         specs, routes = [], []
         for task in tasks:
             names.append(slug(task.get("name") or task["instruction"], names))
-            profile = self._profiles.named(task["profile"])
+            profile = self._profile(delegator, task["profile"])
             tools = [profile.tools[name] for name in task.get("tools") or profile.tools]
             routed = self.settings.routing.route(task.get("kind", ""), task["instruction"], tools)
             model, why = routed or (profile.model, "")
@@ -468,7 +474,8 @@ class Subagents:
         for spec, task, why, (row_id, key) in zip(specs, tasks, routes, stored, strict=True):
             run = Run(row_id, key, spec.name, spec.profile, spec.model, spec.task, place, platform)
             run.conversation_id, run.parent, run.route = conversation_id, parent, why
-            profile = dataclasses.replace(self._profiles.named(spec.profile), model=spec.model)
+            chosen = self._profile(delegator, spec.profile)
+            profile = dataclasses.replace(chosen, model=spec.model)
             allowed = set(task.get("tools") or profile.tools)
             tools = {name: each for name, each in profile.tools.items() if name in allowed}
             if profile.delegates_to and self._depth(run) < self.settings.max_depth:
@@ -487,7 +494,7 @@ class Subagents:
             if refusal:
                 return refusal
             children = await self._launch(
-                run.place, run.platform, run.conversation_id, None, tasks, parent=run
+                run.place, run.platform, run.conversation_id, None, tasks, profile, parent=run
             )
             try:
                 await asyncio.gather(*(child.finished.wait() for child in children))
@@ -510,6 +517,18 @@ class Subagents:
             function=delegate,
             parameters=detached.parameters,
         )
+
+    def _profile(self, delegator: Any, name: str) -> Any:
+        """The profile `delegator` may hand a task to under `name`, or None. `general` (unless
+        configured) is the delegator itself with a generalist's prompt: its tools and model."""
+        if name == GENERAL and self._profiles.named(GENERAL) is None:
+            return dataclasses.replace(
+                delegator,
+                name=GENERAL,
+                system_prompt=GENERAL_PROMPT,
+                description="a generalist with your own tools, for any self-contained task",
+            )
+        return self._profiles.named(name) if name in delegator.delegates_to else None
 
     @staticmethod
     def _depth(run: Run) -> int:
@@ -667,6 +686,10 @@ def _deliverable(run: Run) -> bool:
         and run.delivery == "pending"
         and not run.claimed
     )
+
+
+def _choices(delegator: Any) -> list[str]:
+    return [*delegator.delegates_to, *([GENERAL] if GENERAL not in delegator.delegates_to else [])]
 
 
 def _why(run: Run) -> str:

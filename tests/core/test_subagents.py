@@ -160,7 +160,10 @@ async def test_every_cap_refuses_with_what_to_do_instead(make_bot: BotFactory) -
     results = [m["content"] for m in bot.ollama.requests[-1]["messages"] if m["role"] == "tool"]
     assert "At most 2 sub-agents per delegate call" in results[0]
     assert "agent_wait" in results[0]
-    assert "'poet' is not a profile you may delegate to; choose one of: researcher." in results[1]
+    assert (
+        "'poet' is not a profile you may delegate to; choose one of: researcher, general."
+        in results[1]
+    )
     assert "researcher may not use current_time; a task may only narrow" in results[2]
     assert bot.runner.subagents.live(PLACE) == []
 
@@ -398,3 +401,23 @@ async def test_a_report_that_lands_mid_turn_is_delivered_once_after_that_turn(
     assert follow_up.text == "The apples are back: 3 kinds."
     assert len(bot.channel.replies) == 2
     assert len(requests_with(bot, "[Sub-agent report]")) == 1
+
+
+async def test_the_general_profile_is_the_delegator_with_a_generalists_prompt(
+    make_bot: BotFactory,
+) -> None:
+    bot = parent(make_bot)
+    general = {"profile": "general", "instruction": "summarize the notes"}
+    bot.ollama.script(ToolCall("delegate", {"tasks": [general]}))
+    bot.ollama.script(Text("On it."))
+    bot.ollama.script_for("summarize", reports("Short summary."))
+    bot.ollama.script(Text("Here is the summary."))
+
+    await bot.send("summarize")
+    await bot.channel.finished(2)
+    await bot.runner.wait_idle(PLACE)
+
+    (ran,) = [r for r in bot.ollama.requests if "capable generalist" in str(r["messages"][0])]
+    names = {t["function"]["name"] for t in ran["tools"]}
+    assert {"echo", "current_time", "report"} <= names, "the delegator's own tools"
+    assert "delegate" in names, "below the depth cap it may delegate in turn"
