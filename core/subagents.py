@@ -21,6 +21,9 @@ Why it is shaped this way:
 - After a restart, runs a dead process left running are `lost` (their conversation is told
   once), and finished reports that never reached their conversation are delivered.
 
+While a conversation's sub-agents run, one message there shows each (name, state, elapsed),
+edited no faster than the channel allows, and becomes a one-line summary when the last ends.
+
 Ids (`a1`, `a2`, ...) come from the store, never reused in a conversation; names are slugs of the
 model's name for the task, or of the instruction. Model-facing text says `name (id, profile)`;
 every command and tool accepts either.
@@ -31,14 +34,16 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from core.channel import Channel, Frame, Outcome
 from core.context import Calibration, Compaction, Compactor, ContextSettings
 from core.errors import KaiwaError, StoreError
 from core.loop import AgentLoop, ChatModel, LoopSettings
 from core.messages import AssistantMessage, ToolCall, ToolResult, Usage, UsageTotals
+from core.pump import FramePump
 from core.store import RunStart, Store, not_awaited
 from core.tables import utc_now
 from core.text import plural
@@ -108,6 +113,8 @@ class SubagentSettings:
     max_depth: int = 2
     """Levels of sub-agents: at 2, a sub-agent may delegate, its sub-agents may not."""
     stop_grace: float = 2.0
+    status_message: bool = True
+    """Show the conversation's running sub-agents in one message, edited as they go."""
     routing: RoutingSettings = field(default_factory=RoutingSettings)
 
 
@@ -139,6 +146,8 @@ class Run:
     delivery: str = "pending"
     worker: "asyncio.Task[None] | None" = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+    on_change: Callable[[], None] = lambda: None
+    """Told whenever what `/agents` would show of the run changes."""
 
     route: str = ""
     """Why routing chose its model ('' when it runs its profile's)."""
@@ -189,8 +198,11 @@ class Subagents:
         *,
         tool_timeout: float = 60.0,
         tool_grace: float = 2.0,
+        channels: Mapping[str, Channel] | None = None,
     ) -> None:
         self._store = store
+        self._channels = channels or {}
+        self._boards: dict[str, _Board] = {}
         self._model = model
         self._profiles = profiles
         self.settings = settings
@@ -480,6 +492,7 @@ class Subagents:
             tools = {name: each for name, each in profile.tools.items() if name in allowed}
             if profile.delegates_to and self._depth(run) < self.settings.max_depth:
                 tools["delegate"] = self._nested_delegate_tool(run, profile)
+            self._show(run)
             run.worker = asyncio.create_task(self._work(run, profile, tools), name=f"{key} {place}")
             runs.append(run)
             launched.append(run)
@@ -603,12 +616,80 @@ class Subagents:
             plural(run.usage.model_calls, "call"),
         )
         run.finished.set()
+        await self._board_after(run)
         if run.parent is None and run.delivery == "pending" and not run.claimed:
             self.wake(run.platform, run.place)
+
+    def _show(self, run: Run) -> None:
+        """Put `run` on its conversation's status message (opened with the first)."""
+        channel = self._channels.get(run.platform)
+        if not self.settings.status_message or channel is None:
+            return
+        board = self._boards.get(run.place)
+        if board is None:
+            board = self._boards[run.place] = _Board(channel, run.place)
+        board.add(run)
+
+    async def _board_after(self, run: Run) -> None:
+        board = self._boards.get(run.place)
+        if board is None:
+            return
+        if board.running():
+            board.poke()
+            return
+        del self._boards[run.place]
+        await board.close()
 
     def _forget_delivered(self, place: str) -> None:
         runs = self._runs.get(place, [])
         runs[:] = [run for run in runs if run.status == "running" or run.delivery == "pending"]
+
+
+class _Board:
+    """The status message of one conversation's sub-agents while they run."""
+
+    def __init__(self, channel: Channel, place: str) -> None:
+        self._runs: list[Run] = []
+        self._reply = channel.open_reply(place, None)
+        self._pump = FramePump(
+            self._reply,
+            self._frame,
+            _nothing_to_save,
+            channel.traits.frame_interval,
+            name=f"sub-agents in {place}",
+        )
+
+    def add(self, run: Run) -> None:
+        self._runs.append(run)
+        run.on_change = self._pump.poke
+        self._pump.poke()
+
+    def poke(self) -> None:
+        self._pump.poke()
+
+    def running(self) -> bool:
+        return any(run.status == "running" for run in self._runs)
+
+    async def close(self) -> None:
+        """The last one ended: the message becomes a one-line summary."""
+        await self._pump.close()
+        ended = ", ".join(f"{run.name} {run.status}" for run in self._runs)
+        try:
+            await self._reply.finish(f"Sub-agents: {ended}.", Outcome.DONE, None)
+        except Exception:
+            logger.exception("the sub-agents' status message could not be finished")
+
+    def _frame(self) -> Frame:
+        now = time.monotonic()
+        lines = [
+            f"· {run.name} ({run.key}) · {run.doing} · {(run.ended or now) - run.started:.0f} s"
+            for run in self._runs
+        ]
+        return Frame("Sub-agents:\n" + "\n".join(lines))
+
+
+async def _nothing_to_save() -> None:
+    """The status message is not a record: nothing to store before showing it."""
 
 
 class _RunSink:
@@ -636,14 +717,19 @@ class _RunSink:
         return "\n\n".join([*self._said, self._text] if self._text else self._said)
 
     def status(self, text: str) -> None:
-        self._run.doing = "waiting"
+        self._doing("waiting")
 
     def thinking(self, delta: str) -> None:
-        self._run.doing = "thinking"
+        self._doing("thinking")
 
     def text(self, delta: str) -> None:
         self._text += delta
-        self._run.doing = "writing"
+        self._doing("writing")
+
+    def _doing(self, doing: str) -> None:
+        if self._run.doing != doing:
+            self._run.doing = doing
+            self._run.on_change()
 
     def model_call_finished(self, usage: Usage, message: AssistantMessage | None) -> None:
         self._run.usage.add(usage)
@@ -656,10 +742,11 @@ class _RunSink:
         self.add("assistant", message.text, calls=calls)
 
     def tool_started(self, call: ToolCall) -> None:
-        self._run.doing, self._run.last_tool = f"using {call.name}", call.name
+        self._run.last_tool = call.name
+        self._doing(f"using {call.name}")
 
     def tool_finished(self, result: ToolResult) -> None:
-        self._run.doing = "thinking"
+        self._doing("thinking")
         self.add("tool", result.content, tool_name=result.call.name)
 
 

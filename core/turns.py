@@ -249,6 +249,7 @@ class TurnRunner:
             self._context,
             tool_timeout=settings.tool_timeout,
             tool_grace=settings.tool_grace,
+            channels=channels,
         )
         self.subagents.wake = self._wake
 

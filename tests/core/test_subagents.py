@@ -6,6 +6,7 @@ by its queue, so their interleaving never decides which script a request gets. O
 handshakes (the fake's pauses, a run's `finished` event); nothing here sleeps.
 """
 
+from dataclasses import replace
 from typing import Any
 
 from core.channel import Outcome
@@ -29,7 +30,12 @@ def task(instruction: str, **more: Any) -> dict[str, Any]:
     return {"profile": "researcher", "instruction": instruction, **more}
 
 
+QUIET = SubagentSettings(status_message=False)
+"""Without the status message, so each test counts only the replies it is about."""
+
+
 def parent(make_bot: BotFactory, **settings: Any) -> Bot:
+    settings.setdefault("subagents", QUIET)
     return make_bot(agents={"researcher": RESEARCHER}, delegates_to=("researcher",), **settings)
 
 
@@ -147,7 +153,7 @@ async def test_agents_lists_stops_one_and_tells_another(make_bot: BotFactory) ->
 
 
 async def test_every_cap_refuses_with_what_to_do_instead(make_bot: BotFactory) -> None:
-    bot = parent(make_bot, subagents=SubagentSettings(max_batch=2, max_total=3))
+    bot = parent(make_bot, subagents=replace(QUIET, max_batch=2, max_total=3))
     too_many = {"tasks": [task("a"), task("b"), task("c")]}
     bot.ollama.script(ToolCall("delegate", too_many))
     bot.ollama.script(ToolCall("delegate", {"tasks": [{"profile": "poet", "instruction": "x"}]}))
@@ -169,7 +175,7 @@ async def test_every_cap_refuses_with_what_to_do_instead(make_bot: BotFactory) -
 
 
 async def test_the_process_wide_cap_refuses_too(make_bot: BotFactory) -> None:
-    bot = parent(make_bot, subagents=SubagentSettings(max_running=1))
+    bot = parent(make_bot, subagents=replace(QUIET, max_running=1))
     bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples"), task("find pears")]}))
     bot.ollama.script(Text("I will do it myself."))
 
@@ -289,7 +295,7 @@ PLANNER = AgentProfile(
 
 def with_planner(make_bot: BotFactory) -> Bot:
     agents = {"researcher": RESEARCHER, "planner": PLANNER}
-    return make_bot(agents=agents, delegates_to=("planner",))
+    return make_bot(agents=agents, delegates_to=("planner",), subagents=QUIET)
 
 
 async def test_a_nested_delegation_waits_for_its_own_children_and_gets_their_reports(
@@ -361,7 +367,7 @@ def test_routing_picks_a_tier_by_the_tasks_kind_tools_and_length() -> None:
 async def test_a_routed_sub_agent_runs_on_its_tiers_model_and_says_why(
     make_bot: BotFactory,
 ) -> None:
-    bot = parent(make_bot, subagents=SubagentSettings(routing=ROUTING))
+    bot = parent(make_bot, subagents=replace(QUIET, routing=ROUTING))
     bot.ollama.models.append("small-m")
     extract = task("extract the dates", kind="extract")
     bot.ollama.script(ToolCall("delegate", {"tasks": [extract]}))
@@ -421,3 +427,28 @@ async def test_the_general_profile_is_the_delegator_with_a_generalists_prompt(
     names = {t["function"]["name"] for t in ran["tools"]}
     assert {"echo", "current_time", "report"} <= names, "the delegator's own tools"
     assert "delegate" in names, "below the depth cap it may delegate in turn"
+
+
+async def test_a_status_message_shows_the_running_sub_agents_then_sums_them_up(
+    make_bot: BotFactory,
+) -> None:
+    bot = parent(make_bot, subagents=SubagentSettings())
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples"), task("find pears")]}))
+    bot.ollama.script(Text("On it."))
+    bot.ollama.script_for("apples", Pause("apples"), reports("Apples."))
+    bot.ollama.script_for("pears", reports("Pears."))
+    bot.ollama.script(Text("Both back."))
+
+    await bot.send("fruit?")
+    await bot.ollama.reached("apples")
+    board = next(r for r in bot.channel.replies if r.reply_to is None)
+    await bot.channel.wait_until(
+        lambda: "find-apples (a1)" in board.shown and "find-pears (a2)" in board.shown,
+        "both on the status message",
+    )
+    bot.ollama.release("apples")
+    await bot.channel.wait_until(lambda: board.text is not None, "the summary")
+    await bot.runner.wait_idle(PLACE)
+
+    assert board.frames[-1].text.startswith("Sub-agents:\n· find-apples (a1) · ")
+    assert board.text == "Sub-agents: find-apples done, find-pears done."
