@@ -66,7 +66,8 @@ class ChatConsole:
             refresh_interval=REFRESH_SECONDS,
             erase_when_done=True,  # `_echo` prints what was sent, where it belongs
         )
-        self._live: ChatReply | None = None
+        self._live: list[ChatReply] = []
+        """Replies being written (a turn's, and the sub-agents' status), oldest first."""
         self._sent_meanwhile: list[str] = []
         """Messages sent while a reply is written: shown under it, printed after it."""
         self._spinner = itertools.cycle(SPINNER)
@@ -87,8 +88,9 @@ class ChatConsole:
                 yield text
 
     def reply(self) -> "ChatReply":
-        self._live = ChatReply(self._settings, self._invalidate, self._width, self._reply_ended)
-        return self._live
+        reply = ChatReply(self._settings, self._invalidate, self._width, self._reply_ended)
+        self._live.append(reply)
+        return reply
 
     def say(self, text: str) -> None:
         _commit(FormattedText([("class:dim", printable(text) + "\n")]))
@@ -96,13 +98,16 @@ class ChatConsole:
     def _echo(self, text: str) -> None:
         """Print a sent message in the conversation: at once, or, while a reply is written,
         after it (the reply stays in one piece; the message waits for it anyway)."""
-        if self._live is not None and not self._live.done:
+        if self._live:
             self._sent_meanwhile.append(text)
             self._invalidate()
         else:
             _commit(_said(text))
 
     def _reply_ended(self) -> None:
+        self._live = [reply for reply in self._live if not reply.done]
+        if self._live:
+            return
         for text in self._sent_meanwhile:
             _commit(_said(text))
         self._sent_meanwhile.clear()
@@ -110,7 +115,8 @@ class ChatConsole:
     def _message(self) -> FormattedText:
         """The prompt: the reply still being written, if any, and what was sent meanwhile,
         above the input line."""
-        live = self._live.live_lines(next(self._spinner)) if self._live else []
+        spinner = next(self._spinner)
+        live = [line for reply in self._live for line in reply.live_lines(spinner)]
         sent = [("class:dim", f"{PROMPT}{_indented(text)}\n") for text in self._sent_meanwhile]
         return FormattedText([*live, *sent, ("class:prompt", PROMPT)])
 
