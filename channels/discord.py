@@ -104,6 +104,8 @@ MESSAGE_LIMIT = 2000
 THREAD_NAME_LIMIT = 100
 STOP_BUTTON_ID = "kaiwa:stop"
 COMMAND_WORDS = {name for name, _ in COMMANDS}
+COMMANDS_WITH_WORDS = {"agents": "a name or id; stop NAME; tell NAME MESSAGE"}
+"""Slash commands that take what follows them (as typed after `!agents`), and its description."""
 READ_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
 THREAD_TYPES = (
     discord.ChannelType.public_thread,
@@ -552,7 +554,7 @@ class DiscordChannel(ConnectionState):
             await self._deliver_interaction(interaction, "/stop")
 
     def _slash_command(self, name: str, summary: str) -> app_commands.Command:
-        async def run_command(interaction: discord.Interaction) -> None:
+        async def run_command(interaction: discord.Interaction, what: str = "") -> None:
             if _place_of(interaction) is None:
                 await interaction.response.send_message(
                     "Kaiwa's conversations live in threads: mention me in a channel to open "
@@ -562,9 +564,16 @@ class DiscordChannel(ConnectionState):
                 return
             with self._handling():
                 await interaction.response.defer(ephemeral=True, thinking=True)
-                await self._deliver_interaction(interaction, f"/{name}")
+                await self._deliver_interaction(interaction, f"/{name} {what}".strip())
 
-        return app_commands.Command(name=name, description=summary, callback=run_command)
+        if name in COMMANDS_WITH_WORDS:
+            described = app_commands.describe(what=COMMANDS_WITH_WORDS[name])(run_command)
+            return app_commands.Command(name=name, description=summary, callback=described)
+
+        async def bare(interaction: discord.Interaction) -> None:
+            await run_command(interaction)
+
+        return app_commands.Command(name=name, description=summary, callback=bare)
 
     async def _deliver_interaction(self, interaction: discord.Interaction, text: str) -> None:
         """Deliver a slash command or click as a typed command; its answer (or, if there is none,

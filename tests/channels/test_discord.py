@@ -301,6 +301,20 @@ async def test_slash_commands_are_registered_and_answer_privately(make_bot: BotF
     assert said(fake, thread) == ["Hi."], "nothing public besides the reply"
 
 
+async def test_the_agents_slash_command_takes_what_follows_it(make_bot: BotFactory) -> None:
+    async with discord_platform(make_bot) as discord:
+        fake = discord.fake
+        (agents,) = [c for c in fake.commands if c["name"] == "agents"]
+        discord.bot.ollama.script(Text("Hi."))
+        thread = open_thread(discord, "hi")
+        await fake.wait_until(lambda: said(fake, thread) == ["Hi."], what="the reply")
+        fake.slash_command("agents", {"what": "stop ghost"}, channel_id=thread)
+        await fake.wait_until(lambda: any(private(fake, thread)), what="the answer")
+
+    assert [(o["name"], o.get("required", False)) for o in agents["options"]] == [("what", False)]
+    assert private(fake, thread) == ["No running sub-agent ghost here; /agents lists them."]
+
+
 async def test_a_private_answer_and_a_public_one_in_one_thread_do_not_swap(
     make_bot: BotFactory,
 ) -> None:
