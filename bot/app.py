@@ -49,6 +49,10 @@ class TerminalIO:
     output: TextIO | None = None
 
 
+TURN_ITERATIONS, RUN_ITERATIONS = 10, 30
+"""Model calls an agent gets when its max_iterations is 0: in a conversation's turn, in a run."""
+
+
 def turn_settings(config: Config) -> TurnSettings:
     """Every agent's profile with its tools (an unknown tool name fails here), the default one,
     and the agent each channel gives a new conversation."""
@@ -60,7 +64,8 @@ def turn_settings(config: Config) -> TurnSettings:
             system_prompt=agent.system_prompt,
             tools=registry.select(agent.tools, config_key=f"agents.{name}.tools"),
             think=agent.think,
-            max_iterations=agent.max_iterations,
+            max_iterations=agent.max_iterations or TURN_ITERATIONS,
+            run_iterations=agent.max_iterations or RUN_ITERATIONS,
             images=agent.images,
             context_window=agent.context_window,
             description=agent.description,

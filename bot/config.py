@@ -78,7 +78,9 @@ class AgentConfig:
     think: bool = False
     images: bool = False
     tools: list[str] = field(default_factory=lambda: ["current_time"])
-    max_iterations: int = 10
+    max_iterations: int = 0
+    """Most model calls: 0 means 10 for a conversation's turn, 30 for a sub-agent's run (which
+    `[subagents].max_iterations` caps either way)."""
     context_window: int = 0
     description: str = ""
     delegates_to: list[str] = field(default_factory=list)
@@ -399,7 +401,11 @@ def _checked(config: Config) -> Config:
             positive[f"channels.{name}.final_edit_seconds"] = platform.final_edit_seconds
     _check_delegation(config.agents)
     for name, agent in config.agents.items():
-        positive[f"agents.{name}.max_iterations"] = agent.max_iterations
+        if agent.max_iterations < 0:
+            raise ConfigError(
+                f"'agents.{name}.max_iterations' must be 0 (the default) or more, got "
+                f"{agent.max_iterations}"
+            )
         if not agent.model:
             raise ConfigError(f"'agents.{name}.model' must name an Ollama model")
     for key, number in positive.items():

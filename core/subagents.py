@@ -569,7 +569,7 @@ class Subagents:
                     agent=profile.name,
                     model=profile.model,
                     think=profile.think,
-                    max_iterations=self.settings.max_iterations,
+                    max_iterations=min(profile.run_iterations, self.settings.max_iterations),
                     tool_timeout=self._tool_timeout,
                     tool_grace=self._tool_grace,
                     background=True,

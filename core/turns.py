@@ -109,6 +109,8 @@ class AgentProfile:
     """What the agent is for, as an agent choosing whom to hand work to reads it."""
     delegates_to: tuple[str, ...] = ()
     """The agents this one may hand work to (`core.subagents`)."""
+    run_iterations: int = 30
+    """Most model calls in one of its runs as a sub-agent (`[subagents].max_iterations` caps it)."""
 
 
 @dataclass(frozen=True)

@@ -452,3 +452,23 @@ async def test_a_status_message_shows_the_running_sub_agents_then_sums_them_up(
 
     assert board.frames[-1].text.startswith("Sub-agents:\n· find-apples (a1) · ")
     assert board.text == "Sub-agents: find-apples done, find-pears done."
+
+
+async def test_a_run_has_at_most_its_profiles_model_calls_under_the_global_cap(
+    make_bot: BotFactory,
+) -> None:
+    brief = replace(RESEARCHER, run_iterations=1)
+    bot = make_bot(agents={"researcher": brief}, delegates_to=("researcher",), subagents=QUIET)
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples")]}))
+    bot.ollama.script(Text("On it."))
+    bot.ollama.script_for("apples", ToolCall("echo", {"word": "apple"}))
+    bot.ollama.script_for("apples", Text("Apples, from what I had."))
+    bot.ollama.script(Text("Back."))
+
+    await bot.send("fruit?")
+    await bot.channel.finished(2)
+    await bot.runner.wait_idle(PLACE)
+
+    ran = [r for r in bot.ollama.requests if "You research" in str(r["messages"][0])]
+    assert len(ran) == 2, "one call, then the wrap-up without tools"
+    assert "tools" not in ran[-1] or not ran[-1]["tools"]
