@@ -24,6 +24,10 @@ Why it is shaped this way:
 While a conversation's sub-agents run, one message there shows each (name, state, elapsed),
 edited no faster than the channel allows, and becomes a one-line summary when the last ends.
 
+Profiles: those in the delegator's `delegates_to`, and `general` (the delegator itself with a
+generalist's prompt). Optional routing (`RoutingSettings`) picks a run's model by its task's kind.
+A run's model requests are `background` (`core.slots`): a person's go first.
+
 Ids (`a1`, `a2`, ...) come from the store, never reused in a conversation; names are slugs of the
 model's name for the task, or of the instruction. Model-facing text says `name (id, profile)`;
 every command and tool accepts either.
