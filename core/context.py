@@ -135,19 +135,21 @@ class Calibration:
     ratio: float = 1.0
     last_estimate: int = 0
     """The raw estimate of the request last sent."""
-    last_reported: int = 0
-    """What the model last said it read (`prompt_eval_count`)."""
 
     def size(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()) -> int:
-        return math.ceil(raw_estimate(messages, tools) * self.ratio)
+        return self.scaled(raw_estimate(messages, tools))
 
-    def sent(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> None:
-        self.last_estimate = raw_estimate(messages, tools)
+    def scaled(self, raw: int) -> int:
+        """A raw estimate (`raw_estimate`), corrected."""
+        return math.ceil(raw * self.ratio)
+
+    def sent(self, raw: int) -> None:
+        """A request of this raw estimate went out; its reported size is compared with it."""
+        self.last_estimate = raw
 
     def reported(self, prompt_tokens: int) -> None:
         if prompt_tokens <= 0 or self.last_estimate <= 0:
             return
-        self.last_reported = prompt_tokens
         if prompt_tokens < self.last_estimate * self.ratio * CACHED_COUNT_SHARE:
             return
         low, high = CALIBRATION_LIMITS
@@ -218,14 +220,13 @@ class Compactor:
         """Before a model call (a safe point): compact `messages` in place if the request
         (`messages` + `extra`, with `tools`) would pass the threshold; raise `ContextOverflow`
         if it cannot fit even then. Then remember the request's size for calibration."""
-        if self._needs_compaction(messages, extra, tools):
+        raw = raw_estimate([*messages, *extra], tools)
+        if self.calibration.scaled(raw) > self._limit():
             await self.compact(messages, extra, tools, on_status=on_status)
-            if (
-                self._size(messages, extra, tools) + self.settings.answer_reserve
-                > self.settings.window
-            ):
+            raw = raw_estimate([*messages, *extra], tools)
+            if self.calibration.scaled(raw) + self.settings.answer_reserve > self.settings.window:
                 raise self._overflow(messages, extra, tools)
-        self.calibration.sent([*messages, *extra], tools)
+        self.calibration.sent(raw)
 
     def reported(self, prompt_tokens: int) -> None:
         """A model call returned: what the model said it read."""
@@ -276,14 +277,6 @@ class Compactor:
         self._on_compacted(compaction)
         messages[:] = compacted
         return compaction
-
-    def _needs_compaction(
-        self,
-        messages: Sequence[dict[str, Any]],
-        extra: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]],
-    ) -> bool:
-        return self._size(messages, extra, tools) > self._limit()
 
     def _limit(self) -> float:
         """The size past which a request is compacted first: `compact_at` of the window, or

@@ -333,7 +333,7 @@ class Subagents:
         started: Callable[[], Awaitable[tuple[int, int]]],
     ) -> Tool:
         menu = "; ".join(
-            f"{name}: {getattr(self._profile(parent, name), 'description', '') or 'no description'}"
+            f"{name}: {self._profile(parent, name).description or 'no description'}"
             for name in _choices(parent)
         )
 

@@ -150,8 +150,8 @@ class ContextReport:
     """What `/usage` says of a conversation's context."""
 
     tokens: int
-    """About how many tokens the next request would carry (the last size the model reported
-    when nothing changed since, else an estimate)."""
+    """About how many tokens the next request would carry (an estimate, corrected by what the
+    model reported it read)."""
     window: int
     compactions: int
 
@@ -241,7 +241,6 @@ class TurnRunner:
         self.settings = settings
         self._slots: PinnedLRU[str, _Slot] = PinnedLRU(settings.max_cached_conversations)
         self._live: set[_Turn] = set()
-        self._windows: dict[str, int] = {}
         self.closing = False
         self.subagents = Subagents(
             store,
@@ -584,10 +583,9 @@ class TurnRunner:
         while Ollama cannot say, `max_window`)."""
         policy = self.settings.context
         setting = f"[agents.{agent.name}].context_window"
-        if agent.context_window or agent.model in self._windows:
-            window = agent.context_window or self._windows[agent.model]
-            return policy.settings(window, setting)
-        try:
+        if agent.context_window:
+            return policy.settings(agent.context_window, setting)
+        try:  # asked of Ollama once: the model client keeps the answer
             length = await self._model.context_length(agent.model)
         except ModelError as exc:
             logger.warning(
@@ -596,9 +594,8 @@ class TurnRunner:
                 exc,
                 policy.max_window,
             )
-            return policy.settings(policy.max_window, setting)
-        self._windows[agent.model] = policy.window(0, length)
-        return policy.settings(self._windows[agent.model], setting)
+            length = None
+        return policy.settings(policy.window(0, length), setting)
 
     def _compacted(self, slot: _Slot, recorder: TurnRecorder, compaction: Compaction) -> None:
         """The loop compacted the history in a turn: the slot's keys follow, and the compaction

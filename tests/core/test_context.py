@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from core.channel import Outcome
-from core.context import SUMMARY_HEADER, Calibration, system_message
+from core.context import SUMMARY_HEADER, Calibration, raw_estimate, system_message
 from core.history import CUT_OFF
 from tests.fakes.ollama import Done, HttpError, Pause, Text, ToolCall
 from tests.harness import Bot, BotFactory
@@ -206,12 +206,12 @@ async def test_the_window_is_chosen_for_the_model_once(make_bot: BotFactory) -> 
 def test_the_estimate_learns_from_what_the_model_reports() -> None:
     messages = [{"role": "user", "content": "x" * 400}]
     calibration = Calibration()
-    calibration.sent(messages, ())
+    calibration.sent(raw_estimate(messages))
     assert calibration.size(messages) == 104
 
     calibration.reported(208)  # the model's tokenizer counts twice as many
     assert calibration.size(messages) == 208
 
-    calibration.sent(messages, ())
+    calibration.sent(raw_estimate(messages))
     calibration.reported(20)  # a count cut short by Ollama's prompt cache: not learnt from
     assert calibration.size(messages) == 208
