@@ -35,7 +35,15 @@ from typing import Any
 import httpx
 import ollama
 
-from core.channel import ChannelMessage, ChannelTraits, Deliver, Delivery, Frame, Outcome
+from core.channel import (
+    Button,
+    ChannelMessage,
+    ChannelTraits,
+    Deliver,
+    Delivery,
+    Frame,
+    Outcome,
+)
 
 for _name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
     os.environ.pop(_name, None)
@@ -276,7 +284,7 @@ class BenchChannel:
         reply = self._expected.pop(reply_to, None) if reply_to else None
         return reply or BenchReply(place)
 
-    async def notify(self, place: str, text: str) -> None:
+    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
         self.notices.append((place, text))
 
 

@@ -42,7 +42,8 @@ import time
 import warnings
 
 from benchmarks import _common as bench  # clears the proxy variables
-from channels.discord import STOP_BUTTON_ID, DiscordChannel
+from channels.discord import DiscordChannel
+from channels.presses import STOP, payload
 from channels.settings import DiscordSettings
 from tests.fakes.discord import BOT_TOKEN, CHANNEL_ID, FakeDiscord
 
@@ -105,7 +106,7 @@ async def stop_one(
     elif way == "slash command":
         fake.slash_command("stop", channel_id=thread)
     else:
-        fake.button_click(reply.id, STOP_BUTTON_ID)
+        fake.button_click(reply.id, payload(STOP))
     await fake.wait_until(
         lambda: fake.messages(thread)[0].content.endswith(STOPPED), WAIT, what="(stopped)"
     )

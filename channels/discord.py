@@ -73,7 +73,15 @@ import yarl
 from channels.connection import ConnectionState, unreachable
 from channels.formatting import split_message
 from channels.places import DiscordPlace
-from channels.presses import Press, answered_privately, pressing
+from channels.presses import (
+    PAYLOAD_PREFIX,
+    Press,
+    answered_privately,
+    fitting,
+    payload,
+    pressed_command,
+    pressing,
+)
 from channels.rendering import (
     LostMessage,
     PlatformError,
@@ -84,7 +92,7 @@ from channels.rendering import (
 )
 from channels.settings import DiscordSettings
 from channels.throttled_log import ThrottledLog
-from core.channel import ChannelMessage, ChannelTraits, Deliver, Reply
+from core.channel import Button, ChannelMessage, ChannelTraits, Deliver, Reply
 from core.commands import COMMANDS
 from core.errors import ChannelError
 
@@ -102,7 +110,7 @@ logger = logging.getLogger(__name__)
 PLATFORM = DiscordPlace.platform
 MESSAGE_LIMIT = 2000
 THREAD_NAME_LIMIT = 100
-STOP_BUTTON_ID = "kaiwa:stop"
+CUSTOM_ID_LIMIT = 100
 COMMAND_WORDS = {name for name, _ in COMMANDS}
 COMMANDS_WITH_WORDS = {"agents": "a name or id; stop NAME; tell NAME MESSAGE"}
 """Slash commands that take what follows them (as typed after `!agents`), and its description."""
@@ -146,14 +154,14 @@ class DiscordTransport:
         self._opening = opening
         self._reply_to = reply_to
 
-    async def send(self, text: str, *, live: bool) -> str:
+    async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
         await self._opened()
         reference, self._reply_to = self._reply_to, None
         with _mapped_errors("a message post"):
             try:
                 message = await self._channel.send(
                     text,
-                    view=_controls(live),
+                    view=_view(buttons),
                     reference=reference,  # type: ignore[arg-type]
                 )
             except (KeyError, TypeError, ValueError) as exc:  # the answer could not be read
@@ -162,11 +170,11 @@ class DiscordTransport:
                 ) from exc
         return str(message.id)
 
-    async def edit(self, message_id: str, text: str, *, live: bool) -> None:
+    async def edit(self, message_id: str, text: str, *, buttons: Sequence[Button] = ()) -> None:
         await self._opened()
         message = self._channel.get_partial_message(int(message_id))
         with _mapped_errors("a message edit"):
-            await message.edit(content=text, view=_controls(live))
+            await message.edit(content=text, view=_view(buttons))
 
     async def delete(self, message_id: str) -> None:
         await self._opened()
@@ -183,15 +191,16 @@ class DiscordTransport:
             await self._opening()
 
 
-class _StopButton(discord.ui.DynamicItem[discord.ui.Button], template=STOP_BUTTON_ID):
-    """The Stop button on a live reply. A dynamic item: discord.py routes a click on any message
-    carrying it here, across restarts, without keeping a view per message."""
+class _CommandButton(
+    discord.ui.DynamicItem[discord.ui.Button], template=re.escape(PAYLOAD_PREFIX) + r"(?s:.+)"
+):
+    """A button that is a command (`channels.presses`): a Stop button, an agent's Stop. A
+    dynamic item: discord.py routes a click on any message carrying one here, across restarts,
+    without keeping a view per message."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str, custom_id: str) -> None:
         super().__init__(
-            discord.ui.Button(
-                label="Stop", style=discord.ButtonStyle.secondary, custom_id=STOP_BUTTON_ID
-            )
+            discord.ui.Button(label=label, style=discord.ButtonStyle.secondary, custom_id=custom_id)
         )
 
     @classmethod
@@ -200,20 +209,22 @@ class _StopButton(discord.ui.DynamicItem[discord.ui.Button], template=STOP_BUTTO
         interaction: discord.Interaction,
         item: discord.ui.Item,
         match: re.Match[str],
-    ) -> "_StopButton":
-        return cls()
+    ) -> "_CommandButton":
+        return cls(str(getattr(item, "label", "") or ""), match.string)
 
     async def callback(self, interaction: discord.Interaction) -> None:
-        client = interaction.client
-        if isinstance(client, _Client):
-            await client.channel.stop_clicked(interaction)
+        client, command = interaction.client, pressed_command(self.custom_id)
+        if isinstance(client, _Client) and command is not None:
+            await client.channel.clicked(interaction, command)
 
 
-def _controls(live: bool) -> discord.ui.View | None:
-    if not live:
+def _view(buttons: Sequence[Button]) -> discord.ui.View | None:
+    """The buttons as a message's components (five to a row, as Discord lays them out)."""
+    if not buttons:
         return None
     view = discord.ui.View(timeout=None)
-    view.add_item(_StopButton())
+    for button in fitting(buttons, CUSTOM_ID_LIMIT)[:25]:
+        view.add_item(_CommandButton(button.label[:80], payload(button)))
     return view
 
 
@@ -234,7 +245,7 @@ class _Client(discord.Client):
         return state
 
     async def setup_hook(self) -> None:
-        self.add_dynamic_items(_StopButton)
+        self.add_dynamic_items(_CommandButton)
 
     async def on_message(self, message: discord.Message) -> None:
         await self.channel.received(message)
@@ -267,14 +278,17 @@ def _contained(
     return parse_or_report
 
 
-async def _answer_privately(interaction: discord.Interaction, text: str) -> None:
+async def _answer_privately(
+    interaction: discord.Interaction, text: str, buttons: Sequence[Button]
+) -> None:
     """A command's answer to the person who used a slash command (its deferred response) or
-    clicked a button (a private follow-up)."""
+    clicked a button (a private follow-up), `buttons` under its last piece."""
     pieces = split_message(text, MESSAGE_LIMIT, len)
+    views = [None] * (len(pieces) - 1) + [_view(buttons)]
     if interaction.type is discord.InteractionType.application_command:
-        await interaction.edit_original_response(content=pieces.pop(0))
-    for piece in pieces:
-        await interaction.followup.send(piece, ephemeral=True)
+        await interaction.edit_original_response(content=pieces.pop(0), view=views.pop(0))
+    for piece, view in zip(pieces, views, strict=True):
+        await interaction.followup.send(piece, ephemeral=True, view=view or discord.utils.MISSING)
 
 
 @dataclass
@@ -399,14 +413,14 @@ class DiscordChannel(ConnectionState):
     def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
         return StreamingReply(self._transport(place), self._render, place, posted)
 
-    async def notify(self, place: str, text: str) -> None:
-        if await answered_privately(place, text):
+    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
+        if await answered_privately(place, text, buttons):
             return
         mention = self._mentions.get(DiscordPlace.of(place).channel)
         if mention is not None and mention.opening is None:
             await self._answer_in_channel(mention, text)
             return
-        await send_notice(self._transport(place), text, self._settings.final_edit_seconds)
+        await send_notice(self._transport(place), text, self._settings.final_edit_seconds, buttons)
 
     def _transport(self, place: str) -> DiscordTransport:
         channel = DiscordPlace.of(place).channel
@@ -548,10 +562,10 @@ class DiscordChannel(ConnectionState):
             )
         )
 
-    async def stop_clicked(self, interaction: discord.Interaction) -> None:
+    async def clicked(self, interaction: discord.Interaction, command: str) -> None:
         with self._handling():
             await interaction.response.defer()
-            await self._deliver_interaction(interaction, "/stop")
+            await self._deliver_interaction(interaction, command)
 
     def _slash_command(self, name: str, summary: str) -> app_commands.Command:
         async def run_command(interaction: discord.Interaction, what: str = "") -> None:

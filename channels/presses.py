@@ -13,21 +13,52 @@ is the press's answer. A context variable carries the mark, and the mark names i
 notice for another message in the same place cannot take it: not from a task of its own (Discord's
 test_a_private_answer_and_a_public_one_in_one_thread_do_not_swap), and not from a task started
 during the press, which inherits the variable but is not the press's task.
+
+Every button is a command (`core.channel.Button`): the Stop button on a reply is `/stop`, a
+running sub-agent's in `/agents` is `/agents stop a2`. A button carries its command in the
+platform's payload (Discord's custom id, Telegram's callback data, Slack's action id) as
+`kaiwa:` and the command without its slash, so a press on a message posted by an earlier process
+still works, and a payload too long for the platform (`fits`) is never sent.
 """
 
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+
+from core.channel import Button
+
+PAYLOAD_PREFIX = "kaiwa:"
+STOP = Button("Stop", "/stop")
+"""The Stop button on a reply being written."""
+
+
+def payload(button: Button) -> str:
+    """What a press of `button` sends back to the bot."""
+    return PAYLOAD_PREFIX + button.command.removeprefix("/")
+
+
+def pressed_command(data: str | None) -> str | None:
+    """The command a press's payload carries; None for a payload that is not Kaiwa's."""
+    if not data or not data.startswith(PAYLOAD_PREFIX) or len(data) == len(PAYLOAD_PREFIX):
+        return None
+    return "/" + data.removeprefix(PAYLOAD_PREFIX)
+
+
+def fitting(buttons: Sequence[Button], limit: int) -> list[Button]:
+    """The buttons whose payload fits the platform's `limit` in bytes (the others are left
+    out: each one's command can still be typed)."""
+    return [button for button in buttons if len(payload(button).encode()) <= limit]
 
 
 @dataclass
 class Press:
-    """A press being delivered in `place`; `answer` shows a text to the presser alone."""
+    """A press being delivered in `place`; `answer` shows a text (and buttons, where the
+    platform can show them to one person) to the presser alone."""
 
     place: str
-    answer: Callable[[str], Awaitable[None]]
+    answer: Callable[[str, Sequence[Button]], Awaitable[None]]
     answered: bool = False
     task: asyncio.Task[object] | None = field(default=None, init=False)
     """The task delivering it (set by `pressing`)."""
@@ -49,7 +80,7 @@ def pressing(press: Press) -> Iterator[Press]:
         _pressed.reset(token)
 
 
-async def answered_privately(place: str, text: str) -> bool:
+async def answered_privately(place: str, text: str, buttons: Sequence[Button] = ()) -> bool:
     """Show `text` to the presser if it answers the press this task delivers in `place`; False
     when there is no such press (or it was answered already), and the caller sends it as usual."""
     press = _pressed.get()
@@ -57,6 +88,6 @@ async def answered_privately(place: str, text: str) -> bool:
         return False  # no press, or one this task did not deliver
     if press.place != place or press.answered:
         return False
-    await press.answer(text)
+    await press.answer(text, buttons)
     press.answered = True
     return True

@@ -25,9 +25,10 @@ platform's own markup, with the platform's errors mapped to `RateLimited` and `P
 - "Typing…" shows from the moment the reply opens until the first text is visible. It stops by
   an event, never by cancelling: a request cancelled in flight can leave its pooled connection
   taken for good (httpx/httpcore), and enough of those starve every later call.
-- A platform whose messages can carry a Stop control (`Transport.controls`) gets every message
-  sent `live` while the reply streams; `finish` shows each one's final form without it, editing
-  a message whose text is already final just to take the control away.
+- A platform whose messages can carry buttons (`Transport.controls`) shows a Stop button
+  (`channels.presses.STOP`) under every message of the reply while it streams; `finish` shows
+  each one's final form without it, editing a message whose text is already final just to take
+  the button away.
 - A reply taken up after a restart (`posted`) starts from those messages, text unknown, so the
   final text replaces them; it shows no "typing…", since text is already there.
 - The final text may need fewer messages than were shown (a status line that spilled into a
@@ -45,8 +46,9 @@ from typing import Protocol
 
 from channels.formatting import split_message
 from channels.places import platform_of
+from channels.presses import STOP
 from channels.settings import PlatformSettings
-from core.channel import Delivery, Frame, Outcome
+from core.channel import Button, Delivery, Frame, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +96,8 @@ class LostMessage(PlatformError):
 class Transport(Protocol):
     """One place on one platform (a chat, a thread), in the platform's own terms.
 
-    `live` is true while the reply is still being written: a transport with `controls` shows a
-    Stop control on such a message; others ignore it. Every call may raise `RateLimited` or
+    `buttons` go under the message on a transport with `controls` (each press is its command,
+    `channels.presses`); others ignore them. Every call may raise `RateLimited` or
     `PlatformError`.
     """
 
@@ -103,13 +105,13 @@ class Transport(Protocol):
     measure: Callable[[str], int]
     controls: bool
 
-    async def send(self, text: str, *, live: bool) -> str:
+    async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
         """Post a new message with `text` (Markdown); return its id (`LostMessage` if the
         platform's answer does not say it)."""
         ...
 
-    async def edit(self, message_id: str, text: str, *, live: bool) -> None:
-        """Replace a message's text (Markdown)."""
+    async def edit(self, message_id: str, text: str, *, buttons: Sequence[Button] = ()) -> None:
+        """Replace a message's text (Markdown) and buttons."""
         ...
 
     async def delete(self, message_id: str) -> None:
@@ -145,8 +147,8 @@ class RenderSettings:
 class _Shown:
     message_id: str
     text: str
-    live: bool
-    """Shown with a Stop control, which the final form must take away."""
+    buttons: tuple[Button, ...]
+    """Shown under it (a Stop button, which the final form must take away)."""
 
 
 class StreamingReply:
@@ -162,7 +164,7 @@ class StreamingReply:
         self._transport = transport
         self._settings = settings
         self._place = place
-        self._shown: list[_Shown] = [_Shown(message_id, "", True) for message_id in posted]
+        self._shown: list[_Shown] = [_Shown(message_id, "", (STOP,)) for message_id in posted]
         self._quiet_until = 0.0
         self._refused = False
         self._lost: LostMessage | None = None
@@ -235,7 +237,7 @@ class StreamingReply:
 
     def _shows_finally(self, pieces: list[str]) -> bool:
         shown = self._shown
-        return pieces == [s.text for s in shown] and not any(s.live for s in shown)
+        return pieces == [s.text for s in shown] and not any(s.buttons for s in shown)
 
     def _frame_refused(self, exc: PlatformError) -> None:
         if isinstance(exc, LostMessage):
@@ -272,19 +274,19 @@ class StreamingReply:
     async def _show(self, pieces: list[str], *, live: bool) -> None:
         """Make the platform show `pieces`: edit what changed, send what is new."""
         called = False
-        live = live and self._transport.controls
+        buttons = (STOP,) if live and self._transport.controls else ()
         try:
             for index, piece in enumerate(pieces):
                 if index < len(self._shown):
                     shown = self._shown[index]
-                    if shown.text != piece or shown.live != live:
+                    if shown.text != piece or shown.buttons != buttons:
                         called = True
-                        await self._transport.edit(shown.message_id, piece, live=live)
-                        shown.text, shown.live = piece, live
+                        await self._transport.edit(shown.message_id, piece, buttons=buttons)
+                        shown.text, shown.buttons = piece, buttons
                 else:
                     called = True
-                    message_id = await self._transport.send(piece, live=live)
-                    self._shown.append(_Shown(message_id, piece, live))
+                    message_id = await self._transport.send(piece, buttons=buttons)
+                    self._shown.append(_Shown(message_id, piece, buttons))
         finally:
             if called:
                 self._keep_quiet(self._settings.min_interval)
@@ -336,12 +338,22 @@ async def keep_trying(
             wait = limited.retry_after
 
 
-async def send_notice(transport: Transport, text: str, seconds: float = FINAL_EDIT_SECONDS) -> None:
+async def send_notice(
+    transport: Transport,
+    text: str,
+    seconds: float = FINAL_EDIT_SECONDS,
+    buttons: Sequence[Button] = (),
+) -> None:
     """A standalone message (a command's answer, a refusal), split at the limit, sent in full
-    through rate limits for up to `seconds` a piece. Raises `PlatformError` (or `RateLimited`
-    past the deadline) when a piece cannot be sent."""
-    for piece in split_message(text, transport.limit, transport.measure):
-        await keep_trying(lambda piece=piece: transport.send(piece, live=False), seconds)
+    through rate limits for up to `seconds` a piece, `buttons` under its last piece. Raises
+    `PlatformError` (or `RateLimited` past the deadline) when a piece cannot be sent."""
+    pieces = split_message(text, transport.limit, transport.measure)
+    under = [()] * (len(pieces) - 1) + [tuple(buttons) if transport.controls else ()]
+    for piece, its_buttons in zip(pieces, under, strict=True):
+        await keep_trying(
+            lambda piece=piece, its_buttons=its_buttons: transport.send(piece, buttons=its_buttons),
+            seconds,
+        )
 
 
 def final_text(text: str, outcome: Outcome, note: str | None) -> str:

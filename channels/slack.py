@@ -22,13 +22,16 @@ Which messages are ours, and where they belong:
 
 Replies are written by `channels.rendering.StreamingReply` through `SlackTransport`
 (`chat.postMessage`, then `chat.update`), in Slack mrkdwn. While a reply streams, its message is
-Block Kit: the text in a section block, then a Stop button; the final edit sends `blocks=[]`,
-since Slack keeps a message's blocks when an update leaves them out. A section holds 3,000
+Block Kit: the text in a section block, then a Stop button (an actions block; the buttons under a
+command's answer, such as each running sub-agent's Stop under `/agents`, go there the same way);
+the final edit sends `blocks=[]`, since Slack keeps a message's blocks when an update leaves them
+out. A section holds 3,000
 characters, so a message's piece of the reply is measured as the mrkdwn it becomes (escaping
 lengthens `<`, `>` and `&`). A press comes to the `action` listener, which acknowledges it at
-once and then delivers `/stop` in the button's thread from the presser (lazily, since a stop may
-take longer than Slack waits for an ack), so the access rules apply as to a typed command; the
-command's answer goes to the presser alone, as an ephemeral message (`channels.presses`).
+once and then delivers its command (`/stop`) in the button's thread from the presser (lazily,
+since a stop may take longer than Slack waits for an ack), so the access rules apply as to a
+typed command; the command's answer goes to the presser alone, as an ephemeral message
+(`channels.presses`).
 
 While nothing is visible yet, a reaction (`working_reaction`) on the person's message says the
 bot is working; it goes away when the reply starts (after the reaction's own request, if that is
@@ -70,7 +73,15 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.connection import ConnectionState, unreachable
 from channels.formatting import slack_mrkdwn
 from channels.places import SlackPlace
-from channels.presses import Press, answered_privately, pressing
+from channels.presses import (
+    PAYLOAD_PREFIX,
+    Press,
+    answered_privately,
+    fitting,
+    payload,
+    pressed_command,
+    pressing,
+)
 from channels.rendering import (
     LostMessage,
     PlatformError,
@@ -81,7 +92,7 @@ from channels.rendering import (
 )
 from channels.settings import SlackSettings
 from channels.throttled_log import ThrottledLog
-from core.channel import ChannelMessage, ChannelTraits, Deliver, Reply
+from core.channel import Button, ChannelMessage, ChannelTraits, Deliver, Reply
 from core.commands import COMMANDS
 from core.errors import ChannelError, StoreError
 
@@ -89,7 +100,10 @@ logger = logging.getLogger(__name__)
 
 PLATFORM = SlackPlace.platform
 MESSAGE_LIMIT = 3000  # the text of a section block, which carries a live message's text
-STOP_ACTION_ID = "kaiwa:stop"
+PRESSES = re.compile("^" + re.escape(PAYLOAD_PREFIX))
+"""The action ids of Kaiwa's buttons (`channels.presses`)."""
+ACTION_ID_LIMIT = 255
+ACTIONS_PER_BLOCK = 25
 COMMAND_WORDS = {name for name, _ in COMMANDS}
 SLASH_COMMAND = "/kaiwa"
 LAST_RETRY = 3  # Slack retries an unacknowledged event three times
@@ -134,14 +148,14 @@ class SlackTransport:
         """The length of what Slack is sent for `text` (Markdown becomes mrkdwn)."""
         return len(slack_mrkdwn(text))
 
-    async def send(self, text: str, *, live: bool) -> str:
+    async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
         mrkdwn = slack_mrkdwn(text)
         with _mapped_errors("chat.postMessage"):
             posted = await self._client.chat_postMessage(
                 channel=self._channel,
                 thread_ts=self._thread,
                 text=mrkdwn,
-                blocks=_with_controls(mrkdwn) if live else None,
+                blocks=_with_buttons(mrkdwn, buttons) if buttons else None,
             )
         await self._stop_working()
         ts = posted.get("ts")
@@ -149,14 +163,14 @@ class SlackTransport:
             raise LostMessage("Slack answered chat.postMessage without the message's ts")
         return ts
 
-    async def edit(self, message_id: str, text: str, *, live: bool) -> None:
+    async def edit(self, message_id: str, text: str, *, buttons: Sequence[Button] = ()) -> None:
         mrkdwn = slack_mrkdwn(text)
         with _mapped_errors("chat.update"):
             await self._client.chat_update(
                 channel=self._channel,
                 ts=message_id,
                 text=mrkdwn,
-                blocks=_with_controls(mrkdwn) if live else [],  # []: Slack drops the button
+                blocks=_with_buttons(mrkdwn, buttons) if buttons else [],  # []: drops them
             )
 
     async def delete(self, message_id: str) -> None:
@@ -272,7 +286,7 @@ class SlackChannel(ConnectionState):
         self._app.event("app_mention")(self._on_event)
         # Lazy: the command is acknowledged at once, then handed over (which waits for a stop).
         self._app.command(SLASH_COMMAND)(ack=self._ack_command, lazy=[self._on_command])
-        self._app.action(STOP_ACTION_ID)(ack=_ack_press, lazy=[self._on_press])
+        self._app.action(PRESSES)(ack=_ack_press, lazy=[self._on_press])
         self._app.error(self._on_error)
         self._deliver: Deliver | None = None
         self._stopping = asyncio.Event()
@@ -342,11 +356,11 @@ class SlackChannel(ConnectionState):
         )
         return StreamingReply(transport, self._render, place, posted)
 
-    async def notify(self, place: str, text: str) -> None:
-        if await answered_privately(place, text):
+    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
+        if await answered_privately(place, text, buttons):
             return
         transport = SlackTransport(self.web_client, SlackPlace.of(place))
-        await send_notice(transport, text, self._settings.final_edit_seconds)
+        await send_notice(transport, text, self._settings.final_edit_seconds, buttons)
 
     # -- connecting ----------------------------------------------------------------------------
 
@@ -487,9 +501,11 @@ class SlackChannel(ConnectionState):
         )
 
     async def _on_press(self, body: dict[str, Any]) -> None:
-        """The Stop button pressed: `/stop` in the button's thread, from the presser."""
+        """A button pressed: its command in the button's thread, from the presser."""
         where, user = _pressed_in(body), (body.get("user") or {}).get("id", "")
-        if where is None or not user or self._deliver is None:
+        actions = body.get("actions") or [{}]
+        command = pressed_command(actions[0].get("action_id"))
+        if where is None or not user or command is None or self._deliver is None:
             return
         press = Press(where.key, functools.partial(self._answer_privately, where, user))
         with pressing(press):
@@ -499,15 +515,22 @@ class SlackChannel(ConnectionState):
                     place=where.key,
                     message_id=f"press:{body.get('trigger_id', '')}",
                     author_id=user,
-                    text="/stop",
+                    text=command,
                     room=where.channel,
                 )
             )
 
-    async def _answer_privately(self, where: SlackPlace, user: str, text: str) -> None:
+    async def _answer_privately(
+        self, where: SlackPlace, user: str, text: str, buttons: Sequence[Button]
+    ) -> None:
+        mrkdwn = slack_mrkdwn(text)
         with _mapped_errors("chat.postEphemeral"):
             await self.web_client.chat_postEphemeral(
-                channel=where.channel, user=user, text=slack_mrkdwn(text), thread_ts=where.thread_ts
+                channel=where.channel,
+                user=user,
+                text=mrkdwn,
+                blocks=_with_buttons(mrkdwn, buttons) if buttons else None,
+                thread_ts=where.thread_ts,
             )
 
     async def _on_error(self, error: Exception) -> None:
@@ -585,17 +608,20 @@ def _mapped_errors(method: str) -> Iterator[None]:
         raise PlatformError(f"Slack {method} failed: {exc or type(exc).__name__}") from exc
 
 
-def _with_controls(mrkdwn: str) -> list[dict[str, Any]]:
-    """A live message's blocks: its text, then the Stop button."""
-    stop = {
-        "type": "button",
-        "text": {"type": "plain_text", "text": "Stop"},
-        "action_id": STOP_ACTION_ID,
-        "value": "stop",
-    }
+def _with_buttons(mrkdwn: str, buttons: Sequence[Button]) -> list[dict[str, Any]]:
+    """A message's blocks: its text, then its buttons (each one's action id is its payload)."""
+    elements = [
+        {
+            "type": "button",
+            "text": {"type": "plain_text", "text": button.label[:75]},
+            "action_id": payload(button),
+            "value": button.command,
+        }
+        for button in fitting(buttons, ACTION_ID_LIMIT)[:ACTIONS_PER_BLOCK]
+    ]
     return [
         {"type": "section", "text": {"type": "mrkdwn", "text": mrkdwn}},
-        {"type": "actions", "elements": [stop]},
+        {"type": "actions", "elements": elements},
     ]
 
 
@@ -610,7 +636,8 @@ def _pressed_in(body: dict[str, Any]) -> SlackPlace | None:
     if not channel:
         return None
     team = (body.get("team") or {}).get("id") or (body.get("user") or {}).get("team_id", "")
-    thread = (body.get("message") or {}).get("thread_ts") or SlackPlace.TOP
+    message = body.get("message") or body.get("container") or {}  # an ephemeral has no message
+    thread = message.get("thread_ts") or SlackPlace.TOP
     return SlackPlace(team, channel, thread)
 
 

@@ -21,10 +21,11 @@ answered twice.
 Replies are written by `channels.rendering.StreamingReply` through `TelegramTransport`: Markdown
 becomes Telegram HTML, and if Telegram still rejects the entities the same text goes out plain,
 so nothing is lost to a formatting quirk. While a reply streams, its message carries a Stop
-button (an inline keyboard); the final edit leaves the keyboard out, which takes it away. A press
-arrives as a `callback_query` update (the polls ask for those too) and is delivered as `/stop`
-from the person who pressed it, so the access rules apply as to a typed command; the command's
-answer ("Stopped.", or a stranger's refusal) is the callback's answer, shown to the presser alone
+button (an inline keyboard); the final edit leaves the keyboard out, which takes it away. A
+press (of that button, or of a sub-agent's Stop under `/agents`) arrives as a `callback_query`
+update (the polls ask for those too) and is delivered as its command (`/stop`) from the person
+who pressed it, so the access rules apply as to a typed command; the command's answer
+("Stopped.", or a stranger's refusal) is the callback's answer, shown to the presser alone
 (`channels.presses`), and every press is answered, so the button never keeps spinning.
 
 Telegram's errors are mapped here and nowhere else: 429 → `RateLimited`, "message is not
@@ -67,7 +68,7 @@ from telegram.request import HTTPXRequest
 from channels.connection import ConnectionState, unreachable
 from channels.formatting import telegram_html, utf16_len
 from channels.places import TelegramPlace
-from channels.presses import Press, answered_privately, pressing
+from channels.presses import Press, answered_privately, fitting, payload, pressed_command, pressing
 from channels.rendering import (
     LostMessage,
     PlatformError,
@@ -78,7 +79,7 @@ from channels.rendering import (
 )
 from channels.settings import TelegramSettings
 from channels.throttled_log import ThrottledLog
-from core.channel import ChannelMessage, ChannelTraits, Deliver, Reply
+from core.channel import Button, ChannelMessage, ChannelTraits, Deliver, Reply
 from core.commands import COMMANDS
 from core.errors import ChannelError, StoreError
 
@@ -94,8 +95,7 @@ MESSAGE_LIMIT = 4096
 CONNECTION_POOL_SIZE = 256  # python-telegram-bot's Application default, for many chats at once
 POLL_PAUSE_SECONDS, MAX_POLL_PAUSE_SECONDS = 1.0, 30.0
 CONFIRM_SECONDS = 5.0  # the wait for Telegram's answer to the confirming call at a stop
-STOP_DATA = "kaiwa:stop"
-STOP_KEYBOARD = InlineKeyboardMarkup([[InlineKeyboardButton("Stop", callback_data=STOP_DATA)]])
+CALLBACK_DATA_LIMIT = 64  # bytes, Telegram's limit on a button's callback data
 PRESS_ANSWER_LIMIT = CallbackQueryLimit.ANSWER_CALLBACK_QUERY_TEXT_LENGTH
 UPDATES = [Update.MESSAGE, Update.CALLBACK_QUERY]
 
@@ -112,7 +112,7 @@ class TelegramTransport:
         self._chat_id = chat_id
         self._reply_to = reply_to
 
-    async def send(self, text: str, *, live: bool) -> str:
+    async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
         reply = ReplyParameters(self._reply_to, allow_sending_without_reply=True)
         with _mapped_errors("sendMessage"):
             try:
@@ -121,19 +121,19 @@ class TelegramTransport:
                     telegram_html(text),
                     parse_mode=ParseMode.HTML,
                     reply_parameters=reply if self._reply_to else None,
-                    reply_markup=_controls(live),
+                    reply_markup=_keyboard(buttons),
                 )
             except BadRequest as exc:
                 if not _is_parse_error(exc):
                     raise
                 logger.warning("Telegram rejected the formatting (%s); sending plain text", exc)
                 sent = await self._bot.send_message(
-                    self._chat_id, text, reply_markup=_controls(live)
+                    self._chat_id, text, reply_markup=_keyboard(buttons)
                 )
         self._reply_to = None  # only the first message of a reply answers the person's message
         return str(sent.message_id)
 
-    async def edit(self, message_id: str, text: str, *, live: bool) -> None:
+    async def edit(self, message_id: str, text: str, *, buttons: Sequence[Button] = ()) -> None:
         with _mapped_errors("editMessageText"):
             try:
                 await self._bot.edit_message_text(
@@ -141,7 +141,7 @@ class TelegramTransport:
                     chat_id=self._chat_id,
                     message_id=int(message_id),
                     parse_mode=ParseMode.HTML,
-                    reply_markup=_controls(live),
+                    reply_markup=_keyboard(buttons),
                 )
             except BadRequest as exc:
                 if _is_not_modified(exc):
@@ -153,7 +153,7 @@ class TelegramTransport:
                     text,
                     chat_id=self._chat_id,
                     message_id=int(message_id),
-                    reply_markup=_controls(live),
+                    reply_markup=_keyboard(buttons),
                 )
 
     async def delete(self, message_id: str) -> None:
@@ -236,11 +236,11 @@ class TelegramChannel(ConnectionState):
         transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, message_id)
         return StreamingReply(transport, self._render, place, posted)
 
-    async def notify(self, place: str, text: str) -> None:
-        if await answered_privately(place, text):
+    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
+        if await answered_privately(place, text, buttons):
             return
         transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, None)
-        await send_notice(transport, text, self._settings.final_edit_seconds)
+        await send_notice(transport, text, self._settings.final_edit_seconds, buttons)
 
     # -- connecting ----------------------------------------------------------------------------
 
@@ -394,13 +394,15 @@ class TelegramChannel(ConnectionState):
         )
 
     async def _pressed(self, query: CallbackQuery) -> None:
-        """A button pressed on a bot message: Stop is `/stop` in that chat from the presser.
-        The press is answered whatever happens, with the command's answer if there is one."""
+        """A button pressed on a bot message: its command (`channels.presses`) in that chat from
+        the presser. The press is answered whatever happens, with the command's answer if there
+        is one."""
         chat = query.message.chat.id if query.message is not None else None
         place = TelegramPlace(chat).key if chat is not None else ""
         press = Press(place, functools.partial(self._answer_press, query, place))
+        command = pressed_command(query.data)
         try:
-            if query.data == STOP_DATA and place and self._deliver is not None:
+            if command is not None and place and self._deliver is not None:
                 with pressing(press):
                     await self._deliver(
                         ChannelMessage(
@@ -409,22 +411,25 @@ class TelegramChannel(ConnectionState):
                             message_id=f"press:{query.id}",
                             author_id=str(query.from_user.id),
                             author_name=query.from_user.full_name,
-                            text="/stop",
+                            text=command,
                         )
                     )
         finally:
             if not press.answered:
                 await self._answer_quietly(query)
 
-    async def _answer_press(self, query: CallbackQuery, place: str, text: str) -> None:
-        """Show `text` to the person who pressed: as the callback's answer if it fits in one,
-        else in the chat (and the callback answered without text)."""
-        fits = len(text) <= PRESS_ANSWER_LIMIT
+    async def _answer_press(
+        self, query: CallbackQuery, place: str, text: str, buttons: Sequence[Button]
+    ) -> None:
+        """Show `text` to the person who pressed: as the callback's answer if it fits in one
+        (and has no buttons: an answer is a line of text), else in the chat (and the callback
+        answered without text)."""
+        fits = len(text) <= PRESS_ANSWER_LIMIT and not buttons
         with _mapped_errors("answerCallbackQuery"):
             await self._bot.answer_callback_query(query.id, text=text if fits else None)
         if not fits:
             transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, None)
-            await send_notice(transport, text, self._settings.final_edit_seconds)
+            await send_notice(transport, text, self._settings.final_edit_seconds, buttons)
 
     async def _answer_quietly(self, query: CallbackQuery) -> None:
         """End a press's spinner; an answer Telegram will not take (the press is too old, or
@@ -481,8 +486,13 @@ def _chat_of(raw: dict[str, Any]) -> object:
     return chat.get("id", raw["update_id"]) if isinstance(chat, dict) else raw["update_id"]
 
 
-def _controls(live: bool) -> InlineKeyboardMarkup | None:
-    return STOP_KEYBOARD if live else None
+def _keyboard(buttons: Sequence[Button]) -> InlineKeyboardMarkup | None:
+    """The buttons as an inline keyboard, one to a row."""
+    rows = [
+        [InlineKeyboardButton(button.label, callback_data=payload(button))]
+        for button in fitting(buttons, CALLBACK_DATA_LIMIT)
+    ]
+    return InlineKeyboardMarkup(rows) if rows else None
 
 
 def _seconds(exc: RetryAfter) -> float:

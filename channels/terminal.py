@@ -26,6 +26,7 @@ from channels.places import TerminalPlace
 from channels.rendering import ending_mark
 from channels.settings import TerminalSettings
 from core.channel import (
+    Button,
     ChannelMessage,
     ChannelTraits,
     Deliver,
@@ -125,7 +126,8 @@ class TerminalChannel:
         anew below it."""
         return self.console.reply()
 
-    async def notify(self, place: str, text: str) -> None:
+    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
+        """A terminal has no buttons: every button's command is one a person can type."""
         self.console.say(text)
 
     def say(self, text: str) -> None:

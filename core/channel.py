@@ -85,6 +85,16 @@ class ChannelTraits:
     """Shortest time between two frames the turn pushes (and between two saves of partial text)."""
 
 
+@dataclass(frozen=True)
+class Button:
+    """A button under a message. Pressing it sends `command` into the message's conversation as
+    if the presser had typed it: the same access rules, and the answer goes to the presser
+    alone. Every button's command can also be typed, so a platform without buttons loses none."""
+
+    label: str
+    command: str
+
+
 class Reply(Protocol):
     """One reply being written. `finish` is always the last call and carries the final text,
     and every tool the turn used (a fast one may have come and gone between two frames).
@@ -137,6 +147,7 @@ class Channel(Protocol):
         the reply takes up again instead of posting anew."""
         ...
 
-    async def notify(self, place: str, text: str) -> None:
-        """Send a short standalone message (command answers, refusals, notices)."""
+    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
+        """Send a short standalone message (command answers, refusals, notices), with `buttons`
+        under it where the platform has them."""
         ...

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from core.channel import Channel, ChannelMessage
+from core.channel import Button, Channel, ChannelMessage
 from core.context import Compaction
 from core.errors import StoreError
 from core.store import Store
@@ -94,20 +94,29 @@ class Commands:
         elif verb:
             answer = await self._agent_detail(message.place, command.argument.strip())
         else:
-            answer = await self._agents_list(message.place)
+            answer, buttons = await self._agents_list(message.place)
+            await channel.notify(message.place, answer, buttons)
+            return
         await channel.notify(message.place, answer)
 
-    async def _agents_list(self, place: str) -> str:
+    async def _agents_list(self, place: str) -> tuple[str, list[Button]]:
+        """The conversation's sub-agents, running first, and a Stop button for each running one
+        shown (its command, `/agents stop <id>`, is the fallback where there are no buttons)."""
         rows = await self._runs_here(place)
         if not rows:
-            return "No sub-agents in this conversation."
+            return "No sub-agents in this conversation.", []
         live = {run.key: run for run in self._runner.subagents.live(place)}
         cap = self._runner.subagents.settings.max_iterations
         ordered = sorted(rows, key=lambda row: (row.status != "running", -(row.id or 0)))
-        lines = [describe_run(row, live.get(row.key), cap) for row in ordered[:AGENTS_SHOWN]]
+        shown = ordered[:AGENTS_SHOWN]
+        lines = [describe_run(row, live.get(row.key), cap) for row in shown]
         if len(ordered) > AGENTS_SHOWN:
             lines.append(f"+{len(ordered) - AGENTS_SHOWN} more")
-        return "Sub-agents here:\n" + "\n".join(lines)
+        running = [row for row in shown if row.key in live]
+        if running:
+            lines.append("Stop one: /agents stop NAME")
+        buttons = [Button(f"Stop {row.name}", f"/agents stop {row.key}") for row in running]
+        return "Sub-agents here:\n" + "\n".join(lines), buttons
 
     async def _agents_stop(self, place: str, target: str) -> str:
         if not target:

@@ -11,23 +11,28 @@ parameters.
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 import pytest
 
-from channels.discord import STOP_BUTTON_ID, DiscordChannel
+from channels.discord import DiscordChannel
+from channels.presses import STOP, payload
 from channels.settings import DiscordSettings, SlackSettings, TelegramSettings
-from channels.slack import STOP_ACTION_ID, SlackChannel, SlackTokens
-from channels.telegram import STOP_DATA, TelegramChannel
+from channels.slack import SlackChannel, SlackTokens
+from channels.telegram import TelegramChannel
 from core.channel import Channel, Reply
 from core.dispatcher import Allowed
 from core.store import Store
+from core.subagents import SubagentSettings
+from core.turns import AgentProfile
 from tests.fakes.discord import BOT_TOKEN as DISCORD_BOT_TOKEN
 from tests.fakes.discord import USER_ID as DISCORD_USER_ID
 from tests.fakes.discord import Call as DiscordCall
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.discord import Sent as DiscordSent
+from tests.fakes.ollama import ToolCall
 from tests.fakes.slack import APP_TOKEN as SLACK_APP_TOKEN
 from tests.fakes.slack import BOT_TOKEN as SLACK_BOT_TOKEN
 from tests.fakes.slack import TEAM as SLACK_TEAM
@@ -43,6 +48,26 @@ POOL_SIZE = 32
 given back soon leaves a request waiting for a slot."""
 ALLOWED = frozenset({str(ANN), str(BOB)})
 SLACK_ALLOWED = frozenset({f"U{ANN}", f"U{BOB}"})
+
+RESEARCHER = AgentProfile(
+    name="researcher",
+    model="test-model",
+    system_prompt="You research one thing.",
+    tools={},
+    description="Looks one thing up.",
+)
+WITH_HELPERS: dict[str, Any] = {
+    "agents": {"researcher": RESEARCHER},
+    "delegates_to": ("researcher",),
+    "subagents": SubagentSettings(status_message=False),
+}
+"""A bot whose agent may hand tasks to `researcher` sub-agents (`make_bot` settings)."""
+
+
+def research(*instructions: str) -> ToolCall:
+    """The model's call handing each instruction to a researcher."""
+    tasks = [{"profile": "researcher", "instruction": text} for text in instructions]
+    return ToolCall("delegate", {"tasks": tasks})
 
 
 class Platform(Protocol):
@@ -67,6 +92,16 @@ class Platform(Protocol):
     def shown(self, chat: int) -> list[str]:
         """What a person sees from the bot in `chat`, one entry per message, oldest first (what
         the bot shows one person alone aside)."""
+        ...
+
+    def buttons(self, chat: int) -> list[str]:
+        """The payloads (`channels.presses.payload`) of the buttons the bot's messages in
+        `chat` show now, oldest message first."""
+        ...
+
+    def press(self, chat: int, data: str, *, user: int | None = None) -> None:
+        """A person (the chat's own unless `user`) presses the newest button with payload
+        `data` in `chat`."""
         ...
 
     def has_stop_button(self, chat: int) -> bool:
@@ -144,6 +179,18 @@ class OnAFake:
 
     def shown(self, chat: int) -> list[str]:
         raise NotImplementedError
+
+    def buttons(self, chat: int) -> list[str]:
+        raise NotImplementedError
+
+    def press(self, chat: int, data: str, *, user: int | None = None) -> None:
+        raise NotImplementedError
+
+    def has_stop_button(self, chat: int) -> bool:
+        return payload(STOP) in self.buttons(chat)
+
+    def press_stop(self, chat: int, *, user: int | None = None) -> None:
+        self.press(chat, payload(STOP), user=user)
 
     def posts_near(self, params: Mapping[str, Any]) -> Callable[[], int]:
         """A live count of the bot's messages in the chat of a typing request."""
@@ -232,12 +279,12 @@ class TelegramPlatform(OnAFake):
         formatted = [m for m in self.fake.sent(chat) if "```" in m.visible]
         return not formatted and all(m.parse_mode == "HTML" for m in self.fake.sent(chat))
 
-    def has_stop_button(self, chat: int) -> bool:
-        return any(STOP_DATA in message.buttons for message in self.fake.sent(chat))
+    def buttons(self, chat: int) -> list[str]:
+        return [data for message in self.fake.sent(chat) for data in message.buttons]
 
-    def press_stop(self, chat: int, *, user: int | None = None) -> None:
-        live = next(m for m in self.fake.sent(chat) if STOP_DATA in m.buttons)
-        pressed = self.fake.press_button(chat, live.message_id, STOP_DATA, user_id=user or chat)
+    def press(self, chat: int, data: str, *, user: int | None = None) -> None:
+        shown = [m for m in self.fake.sent(chat) if data in m.buttons][-1]
+        pressed = self.fake.press_button(chat, shown.message_id, data, user_id=user or chat)
         self._presses.setdefault(chat, []).append(pressed["callback_query"]["id"])
 
     def told_privately(self, chat: int) -> list[str]:
@@ -331,21 +378,26 @@ class SlackPlatform(OnAFake):
         channel = str(params["channel"])
         return lambda: len(self.fake.posted(channel))
 
-    def has_stop_button(self, chat: int) -> bool:
-        return any(slack_stop_button(posted) for posted in self.fake.posted(f"D{chat}"))
+    def buttons(self, chat: int) -> list[str]:
+        return [data for posted in self.fake.posted(f"D{chat}") for data in slack_buttons(posted)]
 
-    def press_stop(self, chat: int, *, user: int | None = None) -> None:
-        live = next(posted for posted in self.fake.posted(f"D{chat}") if slack_stop_button(posted))
-        self.fake.press_button(f"D{chat}", live.ts, STOP_ACTION_ID, user=f"U{user or chat}")
+    def press(self, chat: int, data: str, *, user: int | None = None) -> None:
+        shown = [p for p in self.fake.posted(f"D{chat}") if data in slack_buttons(p)][-1]
+        self.fake.press_button(f"D{chat}", shown.ts, data, user=f"U{user or chat}")
 
     def told_privately(self, chat: int) -> list[str]:
         return [said.text for said in self.fake.ephemeral if said.channel == f"D{chat}"]
 
 
-def slack_stop_button(posted: Posted) -> bool:
-    """Whether a Slack message shows the Stop button (in an actions block)."""
+def slack_buttons(posted: Posted) -> list[str]:
+    """The action ids of the buttons a Slack message shows (in its actions blocks)."""
     actions = [block for block in posted.blocks or [] if block.get("type") == "actions"]
-    return STOP_ACTION_ID in [e.get("action_id") for block in actions for e in block["elements"]]
+    return [e.get("action_id", "") for block in actions for e in block["elements"]]
+
+
+def slack_stop_button(posted: Posted) -> bool:
+    """Whether a Slack message shows the Stop button."""
+    return payload(STOP) in slack_buttons(posted)
 
 
 @contextlib.asynccontextmanager
@@ -406,12 +458,12 @@ class DiscordPlatform(OnAFake):
     def told_privately(self, chat: int) -> list[str]:
         return [sent.content for sent in self._messages(chat) if sent.ephemeral]
 
-    def has_stop_button(self, chat: int) -> bool:
-        return any(has_stop_button(sent) for sent in self._messages(chat))
+    def buttons(self, chat: int) -> list[str]:
+        return [data for sent in self._messages(chat) for data in discord_buttons(sent)]
 
-    def press_stop(self, chat: int, *, user: int | None = None) -> None:
-        live = next(sent for sent in self._messages(chat) if has_stop_button(sent))
-        self.fake.button_click(live.id, STOP_BUTTON_ID, user_id=user or chat)
+    def press(self, chat: int, data: str, *, user: int | None = None) -> None:
+        shown = [sent for sent in self._messages(chat) if data in discord_buttons(sent)][-1]
+        self.fake.button_click(shown.id, data, user_id=user or chat)
 
     def _messages(self, chat: int) -> list[DiscordSent]:
         channel = self.fake.dm_channel(chat)
@@ -441,10 +493,14 @@ class DiscordPlatform(OnAFake):
         return lambda: len(self.fake.messages(channel))
 
 
+def discord_buttons(sent: DiscordSent) -> list[str]:
+    """The custom ids of the buttons a Discord message carries."""
+    return [c.get("custom_id", "") for row in sent.components for c in row.get("components", [])]
+
+
 def has_stop_button(sent: DiscordSent) -> bool:
     """Whether a Discord message carries the Stop button (and nothing else)."""
-    buttons = [c for row in sent.components for c in row.get("components", [])]
-    return [button.get("custom_id") for button in buttons] == [STOP_BUTTON_ID]
+    return discord_buttons(sent) == [payload(STOP)]
 
 
 @contextlib.asynccontextmanager
@@ -485,5 +541,7 @@ async def platform(request: pytest.FixtureRequest, make_bot: BotFactory) -> Asyn
         "slack": slack_platform,
         "discord": discord_platform,
     }
-    async with factories[request.param](make_bot) as running:
+    marked = request.node.get_closest_marker("bot")
+    factory = functools.partial(make_bot, **marked.kwargs) if marked else make_bot
+    async with factories[request.param](factory) as running:
         yield running

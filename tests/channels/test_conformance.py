@@ -9,9 +9,10 @@ from itertools import pairwise
 
 import pytest
 
-from core.channel import Delivery, Frame, Outcome, Reply
-from tests.channels.platforms import ANN, BOB, MALLORY, POOL_SIZE, Platform
-from tests.fakes.ollama import ChunkDelay, Done, Pause, Text
+from channels.presses import payload
+from core.channel import Button, Delivery, Frame, Outcome, Reply
+from tests.channels.platforms import ANN, BOB, MALLORY, POOL_SIZE, WITH_HELPERS, Platform, research
+from tests.fakes.ollama import ChunkDelay, Done, Pause, Text, ToolCall
 
 SENTENCE = "A paragraph of explanation that goes on for a while. "
 STORM = 20
@@ -232,6 +233,55 @@ async def test_agents_answers_in_the_conversation(platform: Platform) -> None:
         "No sub-agents in this conversation.",
         "Which one? /agents stop NAME, with a name or id from /agents (/stop stops all).",
     ]
+
+
+@pytest.mark.bot(**WITH_HELPERS)
+async def test_agents_has_a_stop_button_per_running_agent_for_allowed_people_only(
+    platform: Platform,
+) -> None:
+    """/agents lists the running sub-agents with a Stop button each; a stranger's press stops
+    nothing; Ann's press stops that one agent, whose partial report is delivered, while its
+    sibling runs on and reports normally."""
+    ollama, place = platform.bot.ollama, platform.place(ANN)
+    ollama.script(research("find apples", "find pears"))
+    ollama.script(Text("Two helpers are on it."))
+    ollama.script_for("apples", Text("Apples so far: Gala"), Pause("apples"), Text(", Fuji"))
+    ollama.script_for("pears", Pause("pears"), ToolCall("report", {"summary": "Pears: 2 kinds."}))
+    ollama.default = [Text("Here is what came back.")]
+
+    platform.say(ANN, "what fruit is there?")
+    await platform.wait_until(lambda: platform.shown(ANN) == ["Two helpers are on it."], "reply")
+    await ollama.reached("apples")
+    platform.say(ANN, "/agents")
+    await platform.wait_until(lambda: len(platform.shown(ANN)) == 2, "the /agents answer")
+    listing = platform.shown(ANN)[1]
+    assert "find-apples (a1)" in listing and "find-pears (a2)" in listing
+    stop_apples = payload(Button("Stop find-apples", "/agents stop a1"))
+    stop_pears = payload(Button("Stop find-pears", "/agents stop a2"))
+    assert platform.buttons(ANN) == [stop_pears, stop_apples], "in the order listed"
+
+    platform.press(ANN, stop_apples, user=MALLORY)
+    await platform.wait_until(lambda: platform.told_privately(ANN), "the refusal")
+    (refusal,) = platform.told_privately(ANN)
+    assert "not allowed" in refusal and str(MALLORY) in refusal
+    apples = platform.bot.runner.subagents.find(place, "a1")
+    assert apples is not None and apples.status == "running", "a stranger stops nothing"
+
+    platform.press(ANN, stop_apples)
+    await apples.finished.wait()
+    await platform.wait_until(lambda: len(platform.told_privately(ANN)) == 2, "the answer")
+    assert platform.told_privately(ANN)[1] == "Stopped find-apples (a1); its report follows."
+    assert apples.status == "stopped"
+    pears = platform.bot.runner.subagents.find(place, "a2")
+    assert pears is not None and pears.status == "running", "its sibling runs on"
+
+    ollama.release("pears")
+    await pears.finished.wait()
+    await platform.bot.runner.wait_idle(place)
+    assert pears.status == "done"
+    carried = [str(r["messages"]) for r in ollama.requests if "[Sub-agent report]" in str(r)]
+    assert any("was stopped; what it had:\\nApples so far: Gala" in c for c in carried)
+    assert any("Pears: 2 kinds." in c for c in carried)
 
 
 async def test_commands_work_while_a_reply_streams(platform: Platform) -> None:

@@ -4,22 +4,27 @@ the fake Discord and the fake Ollama."""
 
 import asyncio
 import base64
+import functools
 import gc
 import socket
 from typing import Any
 
 import pytest
 
-from channels.discord import STOP_BUTTON_ID, DiscordChannel
+from channels.discord import DiscordChannel
+from channels.presses import STOP, payload
 from channels.rendering import PlatformError
 from channels.settings import DiscordSettings
-from core.channel import ChannelMessage, Frame
+from core.channel import Button, ChannelMessage, Frame
 from core.dispatcher import Allowed
 from core.errors import ChannelError
 from tests.channels.platforms import (
+    WITH_HELPERS,
     DiscordPlatform,
+    discord_buttons,
     discord_platform,
     has_stop_button,
+    research,
     running,
 )
 from tests.fakes.discord import BOT_TOKEN, CHANNEL_ID, GUILD_ID, USER_ID, FakeDiscord
@@ -144,7 +149,7 @@ async def test_each_way_of_stopping_keeps_the_partial_text(make_bot: BotFactory,
         elif way == "slash command":
             fake.slash_command("stop", channel_id=thread)
         else:
-            fake.button_click(fake.messages(thread)[0].id, STOP_BUTTON_ID)
+            fake.button_click(fake.messages(thread)[0].id, payload(STOP))
         answered = said if way in ("typed", "mention") else private
         await fake.wait_until(lambda: "Stopped." in answered(fake, thread), what="the answer")
 
@@ -176,7 +181,7 @@ async def test_a_command_at_shutdown_still_gets_its_answer(make_bot: BotFactory)
         thread = open_thread(discord, "go")
         await fake.wait_until(lambda: said(fake, thread) == ["Half"], what="streaming")
         fake.fail_next("POST", "/webhooks/", status=429, retry_after=0.3)
-        fake.button_click(fake.messages(thread)[0].id, STOP_BUTTON_ID)
+        fake.button_click(fake.messages(thread)[0].id, payload(STOP))
         await fake.wait_until(lambda: fake.calls_to("POST", "/webhooks/"), what="the answer")
     assert private(fake, thread) == ["Stopped."]
 
@@ -313,6 +318,35 @@ async def test_the_agents_slash_command_takes_what_follows_it(make_bot: BotFacto
 
     assert [(o["name"], o.get("required", False)) for o in agents["options"]] == [("what", False)]
     assert private(fake, thread) == ["No running sub-agent ghost here; /agents lists them."]
+
+
+async def test_agents_by_slash_command_shows_its_stop_buttons_to_the_asker_alone(
+    make_bot: BotFactory,
+) -> None:
+    """The private answer to /agents carries each running agent's Stop button, and a click on
+    it stops that agent, answered privately too."""
+    async with discord_platform(functools.partial(make_bot, **WITH_HELPERS)) as discord:
+        fake, ollama = discord.fake, discord.bot.ollama
+        ollama.script(research("find apples"))
+        ollama.script(Text("A helper is on it."))
+        ollama.script_for("apples", Pause("apples"), Text("Gala"))
+        ollama.default = [Text("Noted.")]
+        thread = open_thread(discord, "what fruit is there?")
+        await fake.wait_until(lambda: said(fake, thread) == ["A helper is on it."], what="reply")
+        await ollama.reached("apples")
+        fake.slash_command("agents", channel_id=thread)
+        await fake.wait_until(lambda: any(private(fake, thread)), what="the /agents answer")
+        (listing,) = [sent for sent in fake.messages(thread) if sent.ephemeral]
+        stop = payload(Button("Stop find-apples", "/agents stop a1"))
+        assert discord_buttons(listing) == [stop]
+
+        fake.button_click(listing.id, stop)
+        await fake.wait_until(lambda: len(private(fake, thread)) == 2, what="the stop's answer")
+        apples = discord.bot.runner.subagents.find(place(thread), "a1")
+        assert apples is not None
+        await apples.finished.wait()
+    assert private(fake, thread)[1] == "Stopped find-apples (a1); its report follows."
+    assert apples.status == "stopped"
 
 
 async def test_a_private_answer_and_a_public_one_in_one_thread_do_not_swap(

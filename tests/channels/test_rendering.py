@@ -2,9 +2,11 @@
 marks, "typing…", and replies taken up after a restart."""
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 
+from channels.presses import STOP
 from channels.rendering import (
     LostMessage,
     PlatformError,
@@ -14,7 +16,7 @@ from channels.rendering import (
     final_text,
     send_notice,
 )
-from core.channel import Delivery, Frame, Outcome
+from core.channel import Button, Delivery, Frame, Outcome
 
 PLACE = "test:board"
 DELETED = "<deleted>"
@@ -32,6 +34,7 @@ class Board:
         self.controls = controls
         self.messages: list[str] = []
         self.live: list[bool] = []
+        """Whether each message shows the Stop button."""
         self.calls: list[str] = []
         self.typing_shown = asyncio.Event()
         self.typing_gate: asyncio.Event | None = None
@@ -43,16 +46,16 @@ class Board:
     def measure(text: str) -> int:
         return len(text)
 
-    async def send(self, text: str, *, live: bool) -> str:
+    async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
         self._maybe_limit("send")
         self.messages.append(text)
-        self.live.append(live)
+        self.live.append(buttons == (STOP,))
         return str(len(self.messages) - 1)
 
-    async def edit(self, message_id: str, text: str, *, live: bool) -> None:
+    async def edit(self, message_id: str, text: str, *, buttons: Sequence[Button] = ()) -> None:
         self._maybe_limit("edit")
         self.messages[int(message_id)] = text
-        self.live[int(message_id)] = live
+        self.live[int(message_id)] = buttons == (STOP,)
 
     async def delete(self, message_id: str) -> None:
         self._maybe_limit("delete")

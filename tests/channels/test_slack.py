@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from channels.presses import STOP, payload
 from channels.rendering import PlatformError
 from channels.settings import SlackSettings
-from channels.slack import STOP_ACTION_ID, SlackChannel, SlackTokens
+from channels.slack import SlackChannel, SlackTokens
 from core.errors import ChannelError
 from core.store import Store
 from tests.channels.platforms import (
@@ -120,7 +121,7 @@ async def test_the_stop_button_in_a_channel_thread_stops_that_thread(
         await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the partial reply")
         (live,) = fake.posted(ROOM, opened)
         assert slack_stop_button(live)
-        fake.press_button(ROOM, live.ts, STOP_ACTION_ID, user=BOB_ID)
+        fake.press_button(ROOM, live.ts, payload(STOP), user=BOB_ID)
         await fake.wait_until(lambda: fake.ephemeral, what="the answer to Bob")
     assert fake.ephemeral == [Ephemeral(ROOM, BOB_ID, "Stopped.", opened)]
     (reply,) = fake.posted(ROOM, opened)
@@ -140,7 +141,7 @@ async def test_a_press_is_acknowledged_before_the_stop_it_asks_for_is_over(
         slack.say(ANN, "go")
         await slack.wait_until(lambda: slack.shown(ANN) == ["Half"], "streaming")
         (live,) = fake.posted(f"D{ANN}")
-        pressed = fake.press_button(f"D{ANN}", live.ts, STOP_ACTION_ID, user=ANN_ID)
+        pressed = fake.press_button(f"D{ANN}", live.ts, payload(STOP), user=ANN_ID)
         fake.holds.hold("chat.update", lambda params: lambda: pressed in fake.acked)
         await slack.wait_until(lambda: slack.told_privately(ANN) == ["Stopped."], "the answer")
     assert slack.shown(ANN) == ["Half (stopped)"]
@@ -535,7 +536,7 @@ async def test_http_mode_takes_a_stop_button_press_too(make_bot: BotFactory) -> 
         fake.dm(DM, "go", user=ANN_ID)
         await fake.wait_until(lambda: fake.posted(DM), what="the partial reply")
         (live,) = fake.posted(DM)
-        fake.press_button(DM, live.ts, STOP_ACTION_ID, user=ANN_ID)
+        fake.press_button(DM, live.ts, payload(STOP), user=ANN_ID)
         await fake.wait_until(lambda: fake.ephemeral, what="the answer")
     assert [said.text for said in fake.ephemeral] == ["Stopped."]
     assert [posted.text for posted in fake.posted(DM)] == ["Half (stopped)"]

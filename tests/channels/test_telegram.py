@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from channels.places import TelegramPlace
+from channels.presses import STOP, payload
 from channels.rendering import PlatformError
 from channels.settings import TelegramSettings
-from channels.telegram import STOP_DATA, TelegramChannel
+from channels.telegram import TelegramChannel
 from core.channel import ChannelMessage, Frame, Outcome
 from core.commands import COMMANDS
 from core.errors import ChannelError
@@ -250,7 +251,7 @@ async def test_an_answer_too_long_for_a_press_goes_to_the_chat() -> None:
         reply = channel.open_reply(place, None)
         await reply.update(Frame("Working"))
         (live,) = fake.sent(ANN)
-        fake.press_button(ANN, live.message_id, STOP_DATA)
+        fake.press_button(ANN, live.message_id, payload(STOP))
         await fake.wait_until(lambda: len(fake.sent(ANN)) == 2, what="the notice")
         await fake.wait_until(lambda: fake.callback_answers, what="the press answered")
         await reply.finish("Working", Outcome.STOPPED, None)

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from core.channel import ChannelTraits, Deliver, Delivery, Frame, Outcome
+from core.channel import Button, ChannelTraits, Deliver, Delivery, Frame, Outcome
 from tests.fakes.changes import Changes
 
 WAIT_SECONDS = 5.0
@@ -52,6 +52,8 @@ class RecordingChannel:
         self.traits = ChannelTraits(frame_interval=frame_interval)
         self.replies: list[RecordedReply] = []
         self.notices: list[tuple[str, str]] = []
+        self.buttons: list[tuple[Button, ...]] = []
+        """The buttons under each notice, in step with `notices`."""
         self.finishing = asyncio.Event()
         self._hold_finish = hold_finish
         self._finish_gate = asyncio.Event()
@@ -80,8 +82,9 @@ class RecordingChannel:
         self.replies.append(recorded)
         return _Reply(self, recorded)
 
-    async def notify(self, place: str, text: str) -> None:
+    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
         self.notices.append((place, text))
+        self.buttons.append(tuple(buttons))
         self.changed()
 
     def release_finish(self) -> None:
