@@ -2,9 +2,11 @@
 
 Start and stop are pairs, in reverse order of each other:
   model client → (checks) → store (what an earlier process left is read) → runner, dispatcher
-  → channels (each supervised: restarted when it fails) → recovery of the leftovers
-  channels stop reading → every live turn is stopped and stores its partial state → store
-  closes (its queued writes first) → model client closes.
+  → channels (each supervised: restarted when it fails) → recovery of the leftovers → the
+  scheduler (once the channels are up)
+  channels stop reading → the scheduler fires no more → every live turn is stopped and stores
+  its partial state (a firing's too) → store closes (its queued writes first) → model client
+  closes.
 Platform libraries are imported only when their channel is configured, so a terminal-only start
 stays fast.
 """
@@ -27,9 +29,10 @@ from channels.settings import DiscordSettings, SlackSettings
 from channels.terminal import TerminalChannel, stdin_lines
 from core.channel import Channel
 from core.dispatcher import AccessRules, Allowed, Dispatcher
-from core.errors import ModelError
+from core.errors import ModelError, StoreError
 from core.model import ModelClient
 from core.recovery import Leftovers, Recovery, leftovers
+from core.schedule import Scheduler, describe_tasks, task_tools
 from core.store import Store
 from core.text import plural
 from core.tools import ToolRegistry, builtin_tools
@@ -116,7 +119,18 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
         output.write(f"ok: Ollama at {config.ollama.url} is reachable and has {models}\n")
         output.write(f"ok: channels ready: {names or 'none'}\n")
         output.writelines(f"context window: {line}\n" for line in windows)
+        output.write(f"tasks: {await _tasks_line(config)}\n")
     return 1 if problems else 0
+
+
+async def _tasks_line(config: Config) -> str:
+    if not config.schedule.enabled:
+        return "off ([schedule].enabled = false)"
+    store = await Store.open(config.database_url(), config.storage.store_settings())
+    try:
+        return describe_tasks(await store.tasks())
+    finally:
+        await store.close()
 
 
 async def context_windows(config: Config, model: ModelClient) -> list[str]:
@@ -211,12 +225,14 @@ async def _serve(
     only then let the caller close the channels."""
     channels = {adapter.platform: adapter for adapter in adapters}
     runner = TurnRunner(store, model, channels, settings)
+    scheduler = _scheduler(config, store, runner, channels)
     dispatcher = Dispatcher(
         store,
         runner,
         channels,
         access_rules(config),
         max_message_chars=config.limits.max_message_chars,
+        scheduler=scheduler,
     )
     supervised = [Supervised(adapter, dispatcher.handle) for adapter in adapters]
     for adapter in adapters:
@@ -233,6 +249,7 @@ async def _serve(
     announcing = asyncio.create_task(
         _announce_ready(adapters, settings, described), name="start line"
     )
+    scheduling = asyncio.create_task(_start_scheduler(scheduler, adapters), name="scheduler")
     status = 0
     try:
         done, _ = await asyncio.wait([*running, stop_wait], return_when=asyncio.FIRST_COMPLETED)
@@ -249,10 +266,16 @@ async def _serve(
             await each.stop()
         stop_wait.cancel()
         _, stuck = await asyncio.wait(running, timeout=CHANNEL_STOP_SECONDS)
-        for task in [*stuck, recovering, announcing]:
+        for task in [*stuck, recovering, announcing, scheduling]:
             task.cancel()
-        await asyncio.gather(*running, stop_wait, recovering, announcing, return_exceptions=True)
+        await asyncio.gather(
+            *running, stop_wait, recovering, announcing, scheduling, return_exceptions=True
+        )
+        if scheduler is not None:
+            scheduler.stop()  # no firing into a closing runner
         stopped = await runner.shutdown()
+        if scheduler is not None:
+            await scheduler.settled()  # the firings the shutdown stopped store how they ended
         logger.info(
             "stopped: %d %s stopped, %d queued %s kept for the next start",
             stopped.running,
@@ -261,6 +284,38 @@ async def _serve(
             plural(stopped.dropped, "message"),
         )
     return status
+
+
+def _scheduler(
+    config: Config, store: Store, runner: TurnRunner, channels: dict[str, Channel]
+) -> Scheduler | None:
+    """The scheduler, its task tools given to every conversation's agent; None when off."""
+    if not config.schedule.enabled:
+        return None
+    scheduler = Scheduler(store, runner, channels, config.schedule, zone=config.assistant.timezone)
+
+    def agent_of(place: str, platform: str) -> str:
+        return runner.agent_for(place, platform).name
+
+    runner.shared_tools = {t.name: t for t in task_tools(scheduler, agent_of)}
+    return scheduler
+
+
+async def _start_scheduler(scheduler: Scheduler | None, adapters: list[Adapter]) -> None:
+    """Start firing once every channel is up (or has had its time to come up), so a firing
+    that was due while Kaiwa was down finds its channel connected."""
+    if scheduler is None:
+        return
+    waits = [asyncio.create_task(adapter.connected.wait()) for adapter in adapters]
+    await asyncio.wait(waits, timeout=CONNECT_ANNOUNCE_SECONDS)
+    for wait in waits:
+        wait.cancel()
+    try:
+        count = await scheduler.start()
+    except StoreError as exc:
+        logger.error("scheduled tasks could not be read, so none will fire: %s", exc)
+        return
+    logger.info("scheduler started: %d %s", count, plural(count, "task"))
 
 
 async def _answer_what_was_typed(

@@ -45,6 +45,7 @@ from channels.settings import (
 from core.context import ContextPolicy
 from core.errors import ConfigError
 from core.model import ModelSettings
+from core.schedule import ScheduleSettings
 from core.store import StoreSettings
 from core.subagents import SubagentSettings
 
@@ -135,6 +136,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     context: ContextPolicy = field(default_factory=ContextPolicy)
     subagents: SubagentSettings = field(default_factory=SubagentSettings)
+    schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
     storage: StorageConfig = field(default_factory=StorageConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     channels: ChannelsConfig = field(default_factory=ChannelsConfig)
@@ -389,6 +391,10 @@ def _checked(config: Config) -> Config:
         "subagents.max_iterations": config.subagents.max_iterations,
         "subagents.max_depth": config.subagents.max_depth,
         "subagents.stop_grace": config.subagents.stop_grace,
+        "schedule.misfire_grace_seconds": config.schedule.misfire_grace_seconds,
+        "schedule.max_failures": config.schedule.max_failures,
+        "schedule.min_interval_seconds": config.schedule.min_interval_seconds,
+        "schedule.max_tasks_per_place": config.schedule.max_tasks_per_place,
         "storage.write_retry_seconds": config.storage.write_retry_seconds,
         "storage.connections": config.storage.connections,
         "logging.max_bytes": config.logging.max_bytes,

@@ -112,7 +112,10 @@ MESSAGE_LIMIT = 2000
 THREAD_NAME_LIMIT = 100
 CUSTOM_ID_LIMIT = 100
 COMMAND_WORDS = {name for name, _ in COMMANDS}
-COMMANDS_WITH_WORDS = {"agents": "a name or id; stop NAME; tell NAME MESSAGE"}
+COMMANDS_WITH_WORDS = {
+    "agents": "a name or id; stop NAME; tell NAME MESSAGE",
+    "tasks": "pause|resume|cancel|run ID",
+}
 """Slash commands that take what follows them (as typed after `!agents`), and its description."""
 READ_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
 THREAD_TYPES = (

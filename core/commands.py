@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from core.channel import Button, Channel, ChannelMessage
 from core.context import Compaction
 from core.errors import StoreError
+from core.schedule import Scheduler, describe_task
 from core.store import Store
 from core.subagents import Run
 from core.tables import SubagentMessage, SubagentRun, Turn, utc_now
@@ -28,6 +29,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("usage", "model calls, tokens, seconds and context of this conversation"),
     ("compact", "summarize this conversation's older messages now, to free its context"),
     ("agents", "sub-agents here; /agents <name>, /agents stop <name>, /agents tell <name> <text>"),
+    ("tasks", "scheduled tasks here; /tasks pause|resume|cancel|run <id>"),
     ("help", "list the commands"),
 )
 """Every command and its one-line summary, for /help and for platforms' command menus."""
@@ -35,6 +37,11 @@ STOP_WAIT_SECONDS = 10.0
 USAGE_TURNS_SHOWN = 20
 AGENTS_SHOWN = 12
 AGENT_STEPS_SHOWN = 6
+TASK_VERBS = ("pause", "resume", "cancel", "run")
+NO_TASKS = (
+    'No scheduled tasks here. Ask for one in words ("every weekday at 9:00, summarize the '
+    'open incidents here") and I will schedule it.'
+)
 
 
 @dataclass(frozen=True)
@@ -56,15 +63,17 @@ Handler = Callable[[ChannelMessage, Channel, Command], Awaitable[None]]
 
 
 class Commands:
-    def __init__(self, store: Store, runner: TurnRunner) -> None:
+    def __init__(self, store: Store, runner: TurnRunner, scheduler: Scheduler | None) -> None:
         self._store = store
         self._runner = runner
+        self._scheduler = scheduler
         handlers: dict[str, Handler] = {
             "stop": self._stop,
             "new": self._new,
             "usage": self._usage,
             "compact": self._compact,
             "agents": self._agents,
+            "tasks": self._tasks,
             "help": self._help,
         }
         self._handlers = {name: (handlers[name], summary) for name, summary in COMMANDS}
@@ -184,6 +193,37 @@ class Commands:
         else:
             answer = describe_compaction(compaction)
         await channel.notify(message.place, answer)
+
+    async def _tasks(self, message: ChannelMessage, channel: Channel, command: Command) -> None:
+        verb, _, target = command.argument.partition(" ")
+        if self._scheduler is None:
+            answer = "Scheduled tasks are off ([schedule].enabled = false in config.toml)."
+        elif not verb:
+            lines = await self._scheduler.listing(message.place)
+            answer = "Tasks here:\n" + "\n".join(lines) if lines else NO_TASKS
+        elif verb in TASK_VERBS and target.strip():
+            answer = await self._task_verb(message.place, verb, target.strip())
+        else:
+            answer = "Usage: /tasks, or /tasks pause|resume|cancel|run ID (the ids /tasks shows)."
+        await channel.notify(message.place, answer)
+
+    async def _task_verb(self, place: str, verb: str, target: str) -> str:
+        assert self._scheduler is not None
+        task = await self._scheduler.find(place, target)
+        if task is None:
+            return f"No task {target} here; /tasks lists them."
+        label = f"#{task.id} {task.name}"
+        if verb == "pause":
+            await self._scheduler.pause(task, "paused with /tasks")
+            return f"Paused task {label}; /tasks resume {task.id} starts it again."
+        if verb == "resume":
+            resumed = await self._scheduler.resume(task)
+            return f"Resumed: {describe_task(resumed, None)}"
+        if verb == "cancel":
+            await self._scheduler.cancel(task)
+            return f"Cancelled task {label}; it will not fire again."
+        self._scheduler.run_now(task)
+        return f"Task {label} runs now; its answer follows here."
 
     async def _help(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
         lines = [f"/{name}: {summary}" for name, (_, summary) in self._handlers.items()]

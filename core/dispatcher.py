@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from core.channel import Channel, ChannelMessage
 from core.commands import Command, Commands, parse_command
 from core.errors import StoreError
+from core.schedule import Scheduler
 from core.store import Inbound, Store
 from core.text import clean
 from core.turns import TurnRequest, TurnRunner
@@ -93,13 +94,14 @@ class Dispatcher:
         access: AccessRules,
         *,
         max_message_chars: int,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self._store = store
         self._runner = runner
         self._channels = channels
         self._access = access
         self._max_chars = max_message_chars
-        self._commands = Commands(store, runner)
+        self._commands = Commands(store, runner, scheduler)
         self._refused: dict[tuple[str, str], float] = {}
         """When each stranger (platform, person) was last told they are refused."""
 
@@ -139,6 +141,7 @@ class Dispatcher:
                     place=message.place,
                     text=message.text,
                     author=message.author_name or message.author_id,
+                    person=message.author_id,
                     reply_to=message.message_id,
                     inbound_event_id=event_id,
                     images=message.images,

@@ -1,4 +1,4 @@
-"""Persistence for conversations, messages, turns and inbound events.
+"""Persistence for conversations, messages, turns, inbound events, sub-agent runs and tasks.
 
 Every call is queued on a database thread (`core.dbthread`) the moment it is made and returns an
 awaitable of its result. So the event loop never waits on a round trip, and calls made one after
@@ -67,8 +67,10 @@ from core.tables import (
     Conversation,
     InboundEvent,
     Message,
+    ScheduledTask,
     SubagentMessage,
     SubagentRun,
+    TaskRun,
     Turn,
     utc_now,
 )
@@ -722,6 +724,83 @@ class Store:
 
         return self._call(run, autocommit=True)
 
+    # -- scheduled tasks -----------------------------------------------------------------------
+
+    def create_task(self, values: dict[str, Any]) -> Awaitable[ScheduledTask]:
+        """Store a new task; the stored row (with its id)."""
+        fitted = _fit(ScheduledTask, values)
+
+        def run(connection: Connection) -> ScheduledTask:
+            row = connection.execute(_insert_returning_row(ScheduledTask), fitted).one()
+            return ScheduledTask.model_construct(**row._mapping)
+
+        return self._call(run, durable=True)
+
+    def task(self, task_id: int) -> Awaitable[ScheduledTask | None]:
+        def run(connection: Connection) -> ScheduledTask | None:
+            found = _rows(
+                connection, ScheduledTask, _by_id_statement(ScheduledTask), row_id=task_id
+            )
+            return found[0] if found else None
+
+        return self._call(run, autocommit=True)
+
+    def tasks(self, place: str | None = None) -> Awaitable[list[ScheduledTask]]:
+        """Tasks not cancelled, oldest first: of one place, or all of them."""
+
+        def run(connection: Connection) -> list[ScheduledTask]:
+            return _rows(connection, ScheduledTask, _tasks_statement(place is None), place=place)
+
+        return self._call(run, autocommit=True)
+
+    def update_task(self, task_id: int, values: dict[str, Any]) -> Awaitable[None]:
+        return self._call(_updater(ScheduledTask, task_id, values), durable=True)
+
+    def claim_slot(
+        self,
+        task_id: int,
+        fire_time: datetime,
+        run: dict[str, Any],
+        move: tuple[datetime, datetime | None] | None = None,
+    ) -> Awaitable[int | None]:
+        """Claim a task's fire slot in one transaction: `move` (expected, next) moves the task's
+        `next_run` on to next, only if it is still expected; then the slot's run row (`run`'s
+        values) is inserted. None when either was taken first (another scheduler moved the task
+        on, or the slot was claimed before a restart), and then nothing is written."""
+        values = _fit(TaskRun, {"task_id": task_id, "fire_time": fire_time, **run})
+        moved = _task_move_statement()
+        statement = _slot_claim_statement(self._dialect)
+
+        def claim(connection: Connection) -> int | None:
+            if move is not None:
+                step = {"row_id": task_id, "expected": move[0], "next_run": move[1]}
+                if connection.execute(moved, step).rowcount != 1:
+                    return None
+            inserted = connection.execute(statement, values).scalar()
+            return None if inserted is None else int(inserted)
+
+        return self._call(claim, durable=True)
+
+    def finish_task_run(
+        self, run_id: int, run: dict[str, Any], task_id: int, task: dict[str, Any]
+    ) -> Awaitable[None]:
+        """A run's ending and what it changes on its task, in one transaction."""
+
+        def finish(connection: Connection) -> None:
+            _updater(TaskRun, run_id, run)(connection)
+            if task:
+                _updater(ScheduledTask, task_id, task)(connection)
+
+        return self._call(finish, durable=True)
+
+    def task_runs(self, task_id: int, limit: int = 5) -> Awaitable[list[TaskRun]]:
+        """A task's latest runs, newest first."""
+
+        def run(connection: Connection) -> list[TaskRun]:
+            return _rows(connection, TaskRun, _task_runs_statement(), task_id=task_id, limit=limit)
+
+        return self._call(run, autocommit=True)
+
     # -- plumbing ------------------------------------------------------------------------------
 
     def _call(
@@ -967,6 +1046,46 @@ def _claim_statement(dialect: str) -> Executable:
         _dialect_insert(dialect)(table)
         .on_conflict_do_nothing(index_elements=["platform", "platform_message_id"])
         .returning(table.c.id)
+    )
+
+
+@cache
+def _slot_claim_statement(dialect: str) -> Executable:
+    table = TaskRun.__table__  # type: ignore[attr-defined]
+    return (
+        _dialect_insert(dialect)(table)
+        .on_conflict_do_nothing(index_elements=["task_id", "fire_time"])
+        .returning(table.c.id)
+    )
+
+
+@cache
+def _task_move_statement() -> Executable:
+    table = ScheduledTask.__table__  # type: ignore[attr-defined]
+    return (
+        update(table)
+        .where(table.c.id == bindparam("row_id"), table.c.next_run == bindparam("expected"))
+        .values(next_run=bindparam("next_run"))
+    )
+
+
+@cache
+def _tasks_statement(everywhere: bool) -> Executable:
+    table = ScheduledTask.__table__  # type: ignore[attr-defined]
+    chosen = select(table).where(table.c.cancelled_at.is_(None))
+    if not everywhere:
+        chosen = chosen.where(table.c.place == bindparam("place"))
+    return chosen.order_by(table.c.id)
+
+
+@cache
+def _task_runs_statement() -> Executable:
+    table = TaskRun.__table__  # type: ignore[attr-defined]
+    return (
+        select(table)
+        .where(table.c.task_id == bindparam("task_id"))
+        .order_by(table.c.fire_time.desc(), table.c.id.desc())
+        .limit(bindparam("limit"))
     )
 
 

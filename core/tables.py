@@ -181,3 +181,62 @@ class SubagentMessage(SQLModel, table=True):
     tool_name: str | None = Field(default=None, max_length=100)
     tool_calls: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON))
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class ScheduledTask(SQLModel, table=True):
+    """A task that fires on its own (`core.schedule`). Its place is frozen when it is created,
+    so its replies always land where it was asked for. The trigger is one of: `cron` (five
+    fields, read in `timezone`), `interval_seconds` (counted from `created_at`), or `run_at`
+    (once). `next_run` is the next fire slot (None once a one-shot task has fired); `enabled`
+    is false while paused (`paused_reason` says why) and after a cancel (`cancelled_at`)."""
+
+    __tablename__ = "scheduled_tasks"
+
+    id: int | None = Field(default=None, primary_key=True)
+    platform: str = Field(max_length=50)
+    place: str = Field(index=True, max_length=300)
+    agent: str = Field(max_length=100)
+    name: str = Field(max_length=100)
+    prompt: str = Field(sa_column=Column(Text, nullable=False))
+    cron: str | None = Field(default=None, max_length=200)
+    interval_seconds: int | None = None
+    run_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+    timezone: str = Field(max_length=100)
+    misfire: str = Field(default="once", max_length=10)
+    enabled: bool = True
+    paused_reason: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    consecutive_failures: int = 0
+    created_by: str = Field(max_length=200)
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    next_run: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+    cancelled_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+
+
+class TaskRun(SQLModel, table=True):
+    """One fire slot of a task, claimed before its turn starts: the unique (task, fire time)
+    index is what makes a slot run at most once, across restarts and schedulers. `outcome` is
+    `running` until it ends (done, stopped, failed, silent, undeliverable, cancelled), or
+    `missed` for a slot that passed while Kaiwa was down and was not run; `missed_slots` counts
+    the earlier slots this row stands for (never one row, or one run, per missed slot)."""
+
+    __tablename__ = "task_runs"
+    __table_args__ = (Index("ux_task_runs_task_fire_time", "task_id", "fire_time", unique=True),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    task_id: int = Field(foreign_key="scheduled_tasks.id")
+    fire_time: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    late: bool = False
+    missed_slots: int = 0
+    outcome: str = Field(max_length=20)
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    turn_id: int | None = Field(default=None, foreign_key="turns.id")
+    started_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    finished_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )

@@ -12,16 +12,23 @@ A synchronous tool runs in a thread of its own, so however long it works the eve
 other conversation, `/stop`) goes on. The thread is a daemon: one the loop gave up on cannot keep
 the process from exiting. An async tool runs on the loop as a task; one the loop gave up on
 (`abandon`) is remembered until it ends, so the process can exit without waiting for it.
+
+A tool learns where it was called from with `calling()`: the place, the person, the provenance
+and the turn (`ToolContext`). The turn sets it for its whole task (`called_from`), so every tool
+the turn runs sees it, a synchronous one in its thread too; a tool outside any turn sees None.
+A context variable rather than a parameter keeps tools' signatures (and so their schemas) what
+the model is shown.
 """
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import threading
 import types
 import typing
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -34,6 +41,43 @@ logger = logging.getLogger(__name__)
 ToolFunction = Callable[..., Awaitable[str] | str]
 
 _JSON_TYPES: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """Where a tool is being called from: a turn in `place` on `platform`, started by `person`
+    (a platform user id; None when nobody is: a scheduled firing, a sub-agents' wake turn),
+    with `provenance` ("person", "schedule", "subagent")."""
+
+    platform: str
+    place: str
+    person: str | None
+    provenance: str
+
+    @property
+    def attended(self) -> bool:
+        """A person started the turn and sees its reply (no firing, no wake turn)."""
+        return self.provenance == "person"
+
+
+_calling: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(
+    "the turn calling tools", default=None
+)
+
+
+def calling() -> ToolContext | None:
+    """The context of the turn running this tool (None outside a turn)."""
+    return _calling.get()
+
+
+@contextlib.contextmanager
+def called_from(context: ToolContext) -> Iterator[None]:
+    """Every tool run inside the block (and the tasks it starts) sees `context`."""
+    token = _calling.set(context)
+    try:
+        yield
+    finally:
+        _calling.reset(token)
 
 
 @dataclass(frozen=True)
@@ -71,6 +115,7 @@ def _in_thread(
     stops nobody waiting on the thread, which finishes unobserved."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()  # the thread sees the turn's `calling()`
 
     def settle(outcome: Any, error: BaseException | None) -> None:
         if future.done():  # given up on: the outcome changes nothing
@@ -82,7 +127,7 @@ def _in_thread(
 
     def run() -> None:
         try:
-            outcome, error = function(**arguments), None
+            outcome, error = context.run(function, **arguments), None
         except Exception as exc:
             outcome, error = None, exc
         with contextlib.suppress(RuntimeError):  # the loop has closed meanwhile

@@ -52,12 +52,12 @@ tests/core/test_turns.py unless named otherwise):
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
-from core.channel import Channel, Delivery, Outcome, Reply
+from core.channel import Channel, Delivery, Frame, Outcome, Reply
 from core.context import (
     Calibration,
     Compaction,
@@ -77,7 +77,7 @@ from core.recording import TurnRecorder
 from core.store import CompactionRecord, StartedTurn, Store, TurnStart, not_awaited
 from core.subagents import Claims, Subagents, SubagentSettings, format_report
 from core.text import plural
-from core.tools import Tool
+from core.tools import Tool, ToolContext, called_from
 
 logger = logging.getLogger(__name__)
 
@@ -163,11 +163,19 @@ class TurnRequest:
     text: str
     provenance: Provenance = Provenance.PERSON
     author: str | None = None
+    """Who wrote the message, as the store keeps it (a name where the platform gives one)."""
+    person: str | None = None
+    """The platform's id of that person (what tools see as `ToolContext.person`)."""
     reply_to: str | None = None
     inbound_event_id: int | None = None
     images: tuple[bytes, ...] = ()
     attempt: int = 1
     """2 for a turn run again because a restart interrupted it before it showed anything."""
+    proceed: Callable[[], bool] | None = None
+    """Asked once the turn holds its conversation's gate: False skips it, unrecorded (a
+    scheduled task cancelled while its firing waited behind another turn)."""
+    silent_marker: str | None = None
+    """An answer that is exactly this posts nothing (a scheduled run with nothing to say)."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +187,10 @@ class TurnResult:
     model_calls: int = 0
     wrapped_up: bool = False
     """The model ran out of calls with tools pending and answered in one more call without."""
+    delivery: Delivery = Delivery.SHOWN
+    """What the platform shows of the reply (`NOTHING`: not one message could be posted)."""
+    silent: bool = False
+    """The answer was the silent marker, so nothing was posted."""
 
 
 @dataclass(frozen=True)
@@ -253,6 +265,8 @@ class TurnRunner:
             channels=channels,
         )
         self.subagents.wake = self._wake
+        self.shared_tools: dict[str, Tool] = {}
+        """Tools every conversation's agent has besides its own (the scheduled-task tools)."""
 
     # -- entry points --------------------------------------------------------------------------
 
@@ -409,6 +423,8 @@ class TurnRunner:
         slot = turn.slot
         async with slot.gate:  # invariant 1: the one gate hold of this turn
             slot.waiting.remove(turn)
+            if turn.request.proceed is not None and not turn.request.proceed():
+                return TurnResult("skipped")
             slot.running = turn
             try:
                 return await self._execute(turn, self.settings)
@@ -439,6 +455,8 @@ class TurnRunner:
         sent = {**said, "images": list(request.images)} if request.images else said
         messages.append(sent)
         reply = channel.open_reply(request.place, request.reply_to)
+        if request.silent_marker:
+            reply = SilentUnlessSaid(reply, request.silent_marker)
         pump = FramePump(
             reply,
             recorder.frame,
@@ -453,7 +471,7 @@ class TurnRunner:
         )
         loop = AgentLoop(
             self._model,
-            {**agent.tools, **tools},
+            {**agent.tools, **self.shared_tools, **tools},
             recorder,
             LoopSettings(
                 agent=agent.name,
@@ -495,7 +513,17 @@ class TurnRunner:
         await self._notify(pump, reply, text, outcome, note, recorder.frame().tools)
         self._note_delivery(request, recorder, reply)
         calls = recorder.usage.model_calls
-        return TurnResult(outcome.value, text, error, recorder.turn_id, calls, wrapped_up)
+        silent = isinstance(reply, SilentUnlessSaid) and reply.silent
+        return TurnResult(
+            outcome.value,
+            text,
+            error,
+            recorder.turn_id,
+            calls,
+            wrapped_up,
+            reply.delivery,
+            silent,
+        )
 
     def _note_delivery(self, request: TurnRequest, recorder: TurnRecorder, reply: Reply) -> None:
         """A reply the platform does not show in full is said in the log and the store."""
@@ -520,8 +548,12 @@ class TurnRunner:
         """How the loop ended, the note to show with it, and whether it was wrapped up."""
         if stopped_early:  # stopped while the turn was being opened
             return Outcome.STOPPED, None, False
+        context = ToolContext(
+            request.platform, request.place, request.person, request.provenance.value
+        )
         try:
-            result = await loop.run(messages)
+            with called_from(context):
+                result = await loop.run(messages)
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             return Outcome.STOPPED, None, False
@@ -769,6 +801,41 @@ class TurnRunner:
             logger.error(
                 "turn task in %s crashed", turn.request.place, exc_info=turn.task.exception()
             )
+
+
+class SilentUnlessSaid:
+    """A reply that shows nothing while its text could still be exactly `marker`, and nothing
+    at all if it is: a scheduled run with nothing to say posts no message. Once the text is
+    anything else, every frame so far goes through as usual."""
+
+    def __init__(self, reply: Reply, marker: str) -> None:
+        self._reply = reply
+        self._marker = marker.strip()
+        self.silent = False
+
+    @property
+    def posted(self) -> tuple[str, ...]:
+        return self._reply.posted
+
+    @property
+    def delivery(self) -> Delivery:
+        return Delivery.SHOWN if self.silent else self._reply.delivery
+
+    def _could_be_marker(self, text: str) -> bool:
+        return self._marker.startswith(text.strip())
+
+    async def update(self, frame: Frame) -> None:
+        if not self._could_be_marker(frame.text):
+            await self._reply.update(frame)
+
+    async def finish(
+        self, text: str, outcome: Outcome, note: str | None, *, tools: Sequence[str] = ()
+    ) -> None:
+        if outcome is Outcome.DONE and text.strip() == self._marker:
+            self.silent = True
+            await self._reply.finish("", Outcome.DONE, None, tools=())
+            return
+        await self._reply.finish(text, outcome, note, tools=tuple(tools))
 
 
 async def _through_cancellation(awaitable: Awaitable[T]) -> tuple[T, bool]:

@@ -5,6 +5,7 @@ The fixtures `make_bot` and `bot` (registered in tests/conftest.py) build it.
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from itertools import count
 from typing import Any
 
@@ -13,9 +14,10 @@ import pytest
 from core.channel import Channel, ChannelMessage
 from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.model import ModelClient
+from core.schedule import Scheduler, ScheduleSettings, task_tools
 from core.store import Store
 from core.subagents import SubagentSettings
-from core.tables import Message, Turn
+from core.tables import Message, Turn, utc_now
 from core.tools import Tool, builtin_tools, tool
 from core.turns import AgentProfile, TurnRunner, TurnSettings
 from tests.fakes.channel import RecordingChannel
@@ -39,6 +41,7 @@ class Bot:
     runner: TurnRunner
     dispatcher: Dispatcher
     ollama: FakeOllama
+    scheduler: Scheduler | None = None
 
     async def send(
         self,
@@ -105,7 +108,11 @@ async def make_bot(
         channel_agents: dict[str, str] | None = None,
         delegates_to: tuple[str, ...] = (),
         subagents: SubagentSettings | None = None,
+        schedule: ScheduleSettings | None = None,
+        clock: Callable[[], datetime] | None = None,
     ) -> Bot:
+        """`schedule`: with a scheduler (its task tools given to the agent), on `clock`, with
+        no timers: firings happen when the test calls `scheduler.fire_due()`."""
         channel = channel or RecordingChannel()
         chosen = tools if tools is not None else [echo, *builtin_tools("UTC")]
         settings = TurnSettings(
@@ -130,14 +137,28 @@ async def make_bot(
         channels = {channel.platform: channel}
         runner = TurnRunner(used_store, model, channels, settings)
         runners.append(runner)
+        scheduler = None
+        if schedule is not None:
+            scheduler = Scheduler(
+                used_store,
+                runner,
+                channels,
+                schedule,
+                zone="UTC",
+                clock=clock or utc_now,
+                timers=False,
+            )
+            tools = task_tools(scheduler, lambda place, platform: "assistant")
+            runner.shared_tools = {each.name: each for each in tools}
         dispatcher = Dispatcher(
             used_store,
             runner,
             channels,
             AccessRules({channel.platform: access or Allowed(users=allowed, rooms=rooms)}),
             max_message_chars=max_message_chars,
+            scheduler=scheduler,
         )
-        return Bot(used_store, channel, runner, dispatcher, ollama)
+        return Bot(used_store, channel, runner, dispatcher, ollama, scheduler)
 
     yield build
     for runner in runners:

@@ -40,6 +40,7 @@ async def test_check_passes_when_the_model_is_there(ollama: FakeOllama, tmp_path
         "ok: channels ready: terminal\n"
         "context window: assistant: 16,384 tokens (test-model takes up to 40,960; "
         "context.max_window is 16,384)\n"
+        "tasks: no scheduled task\n"
     )
 
 
