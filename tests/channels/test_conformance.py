@@ -11,6 +11,8 @@ import pytest
 
 from channels.presses import payload
 from core.channel import Button, Delivery, Frame, Outcome, Reply
+from core.schedule import ScheduleSettings, When
+from core.tools import ToolContext
 from tests.channels.platforms import ANN, BOB, MALLORY, POOL_SIZE, WITH_HELPERS, Platform, research
 from tests.fakes.ollama import ChunkDelay, Done, Pause, Text, ToolCall
 
@@ -282,6 +284,50 @@ async def test_agents_has_a_stop_button_per_running_agent_for_allowed_people_onl
     carried = [str(r["messages"]) for r in ollama.requests if "[Sub-agent report]" in str(r)]
     assert any("was stopped; what it had:\\nApples so far: Gala" in c for c in carried)
     assert any("Pears: 2 kinds." in c for c in carried)
+
+
+def task_for(platform: Platform, chat: int) -> ToolContext:
+    """A person's turn in `chat`, as a task tool sees where it was called from."""
+    return ToolContext(platform.name, platform.place(chat), str(chat), "person")
+
+
+@pytest.mark.bot(schedule=ScheduleSettings())
+async def test_a_scheduled_task_posts_a_new_message_in_its_own_place(platform: Platform) -> None:
+    scheduler, ollama = platform.bot.scheduler, platform.bot.ollama
+    assert scheduler is not None
+    ollama.script(Text("Hello Bob."))
+    platform.say(BOB, "hi")
+    await platform.wait_until(lambda: platform.shown(BOB) == ["Hello Bob."], "Bob's reply")
+    ollama.default = [Text("Your daily digest: all quiet.")]
+    task = await scheduler.create(
+        task_for(platform, ANN), "assistant", "the daily digest", When(every_minutes=60)
+    )
+    scheduler.run_now(task)
+    await scheduler.settled()
+
+    assert platform.shown(ANN) == ["Your daily digest: all quiet."]
+    assert platform.shown(BOB) == ["Hello Bob."], "nothing in another place"
+    (run,) = await platform.bot.store.task_runs(task.id or 0)
+    assert run.outcome == "done"
+
+
+@pytest.mark.bot(schedule=ScheduleSettings())
+async def test_a_scheduled_task_whose_place_is_gone_is_paused(platform: Platform) -> None:
+    scheduler = platform.bot.scheduler
+    assert scheduler is not None
+    platform.bot.ollama.default = [Text("Anyone there?")]
+    task = await scheduler.create(
+        task_for(platform, ANN), "assistant", "the daily digest", When(every_minutes=60)
+    )
+    platform.refuse_posts(ANN)
+    scheduler.run_now(task)
+    await scheduler.settled()
+
+    (run,) = await platform.bot.store.task_runs(task.id or 0)
+    assert run.outcome == "undeliverable"
+    stored = await platform.bot.store.task(task.id or 0)
+    assert stored is not None and not stored.enabled
+    assert "nothing could be posted in its place" in (stored.paused_reason or "")
 
 
 async def test_commands_work_while_a_reply_streams(platform: Platform) -> None:

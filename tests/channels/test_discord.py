@@ -18,6 +18,8 @@ from channels.settings import DiscordSettings
 from core.channel import Button, ChannelMessage, Frame
 from core.dispatcher import Allowed
 from core.errors import ChannelError
+from core.schedule import ScheduleSettings, When
+from core.tools import ToolContext
 from tests.channels.platforms import (
     WITH_HELPERS,
     DiscordPlatform,
@@ -435,6 +437,27 @@ async def test_an_archived_thread_continues_its_conversation(make_bot: BotFactor
     sent = [m["content"] for m in ollama.requests[2]["messages"]]
     assert sent[1:] == ["remember 42", "Noted: 42.", "what did I say?", "You said 42.", "and now?"]
     assert fake.calls_to("GET", f"/channels/{thread}"), "the uncached thread was looked up"
+
+
+async def test_a_scheduled_task_posts_in_its_thread_archived_since(make_bot: BotFactory) -> None:
+    """The thread was archived after the task was made: posting reopens it, as Discord does
+    for a member's message, and the reply lands there."""
+    scheduling = functools.partial(make_bot, schedule=ScheduleSettings())
+    async with discord_platform(scheduling) as discord:
+        fake, scheduler = discord.fake, discord.bot.scheduler
+        assert scheduler is not None
+        discord.bot.ollama.script(Text("Noted."))
+        thread = open_thread(discord, "post the digest here every morning")
+        await fake.wait_until(lambda: said(fake, thread) == ["Noted."], what="the reply")
+        asked = ToolContext("discord", place(thread), str(USER_ID), "person")
+        task = await scheduler.create(asked, "assistant", "the digest", When(every_minutes=60))
+        fake.archive_thread(thread)
+        discord.bot.ollama.default = [Text("This morning's digest.")]
+        scheduler.run_now(task)
+        await scheduler.settled()
+    assert said(fake, thread) == ["Noted.", "This morning's digest."]
+    (run,) = await discord.bot.store.task_runs(task.id or 0)
+    assert run.outcome == "done"
 
 
 async def test_a_role_on_the_list_lets_its_holders_in(make_bot: BotFactory) -> None:

@@ -3,6 +3,7 @@ reconnects and HTTP mode, through the real slack-bolt against the fake Slack and
 
 import asyncio
 import contextlib
+import functools
 import gc
 import socket
 from collections.abc import AsyncIterator
@@ -14,7 +15,9 @@ from channels.rendering import PlatformError
 from channels.settings import SlackSettings
 from channels.slack import SlackChannel, SlackTokens
 from core.errors import ChannelError
+from core.schedule import ScheduleSettings, When
 from core.store import Store
+from core.tools import ToolContext
 from tests.channels.platforms import (
     ANN,
     BOB,
@@ -55,6 +58,23 @@ async def test_a_mention_opens_a_thread_and_the_reply_streams_there(
     assert reply.updates == ["Hello, Ann."], "one message, edited in place"
     assert [m.text for m in await slack.bot.history(place(opened))] == ["hi there", "Hello, Ann."]
     assert len(slack.bot.ollama.requests) == 1, "app_mention and message were answered once"
+
+
+async def test_a_scheduled_task_posts_in_the_thread_it_was_made_in(make_bot: BotFactory) -> None:
+    scheduling = functools.partial(make_bot, schedule=ScheduleSettings())
+    async with slack_platform(scheduling) as slack:
+        fake, scheduler = slack.fake, slack.bot.scheduler
+        assert scheduler is not None
+        slack.bot.ollama.script(Text("Noted."))
+        opened = fake.mention(ROOM, "post the digest here", user=ANN_ID)
+        await fake.wait_until(lambda: fake.posted(ROOM, opened), what="the reply")
+        asked = ToolContext("slack", place(opened), ANN_ID, "person")
+        task = await scheduler.create(asked, "assistant", "the digest", When(every_minutes=60))
+        slack.bot.ollama.default = [Text("Today's digest.")]
+        scheduler.run_now(task)
+        await scheduler.settled()
+    assert [p.text for p in fake.posted(ROOM, opened)] == ["Noted.", "Today's digest."]
+    assert fake.posted(ROOM) == [], "nothing at the channel's top level"
 
 
 async def test_a_mention_keeps_the_line_breaks_of_the_message(make_bot: BotFactory) -> None:
