@@ -34,6 +34,10 @@ from core.turns import Provenance, TurnRequest, TurnRunner
 logger = logging.getLogger(__name__)
 
 INTERRUPTED = "Kaiwa stopped before this turn finished (the process ended without a shutdown)"
+CUT_FIRING = (
+    "A scheduled run here was cut short by a restart; its task runs again at its next time "
+    "(/tasks lists it, /tasks run ID runs it now)."
+)
 EXCERPT_CHARS = 60
 CONNECT_WAIT_SECONDS = 60.0
 
@@ -130,6 +134,9 @@ class Recovery:
         elif _may_run_again(unfinished):
             self._runner.submit(_again(unfinished))
             logger.info("turn %s in %s: its message is run again", turn.id, place)
+        elif turn.provenance == "schedule":
+            await channel.notify(place, CUT_FIRING)
+            logger.info("turn %s in %s: a scheduled run, said to be cut short", turn.id, place)
         else:
             asked = _excerpt(unfinished.messages[0].text if unfinished.messages else "")
             await channel.notify(

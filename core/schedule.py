@@ -320,8 +320,16 @@ class Scheduler:
     # -- life ------------------------------------------------------------------------------------
 
     async def start(self) -> int:
-        """Build a job per task from the rows, then fire what came due while Kaiwa was down.
+        """Build a job per task from the rows, then fire what came due while Kaiwa was down
+        (runs a dead process left under way end `interrupted`; their turns are recovery's).
         Returns how many tasks are scheduled."""
+        interrupted = await self._store.close_unfinished_task_runs()
+        if interrupted:
+            logger.warning(
+                "%d scheduled %s cut short by the last stop marked interrupted",
+                interrupted,
+                plural(interrupted, "run was", "runs were"),
+            )
         tasks = await self._store.tasks()
         for task in tasks:
             self._track(task)

@@ -793,6 +793,18 @@ class Store:
 
         return self._call(finish, durable=True)
 
+    def close_unfinished_task_runs(self) -> Awaitable[int]:
+        """Runs a dead process left `running` end `interrupted` (read at start-up); how many."""
+        table = TaskRun.__table__  # type: ignore[attr-defined]
+        statement = (
+            update(table)
+            .where(table.c.outcome == "running")
+            .values(
+                outcome="interrupted", error="Kaiwa stopped during the run", finished_at=utc_now()
+            )
+        )
+        return self._call(lambda connection: connection.execute(statement).rowcount, durable=True)
+
     def task_runs(self, task_id: int, limit: int = 5) -> Awaitable[list[TaskRun]]:
         """A task's latest runs, newest first."""
 

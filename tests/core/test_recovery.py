@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from core.channel import Outcome
 from core.history import CUT_OFF
 from core.messages import AssistantMessage, ToolCall
-from core.recovery import Recovery, leftovers
+from core.recovery import CUT_FIRING, Recovery, leftovers
 from core.store import Inbound, Store, TurnStart, TurnState
 from tests.fakes.ollama import Pause, Text
 from tests.harness import PLACE, SYSTEM_PROMPT, Bot, BotFactory
@@ -111,6 +111,20 @@ async def test_a_message_that_crashed_kaiwa_twice_is_not_run_a_third_time(
         "Please send it again."
     )
     assert bot.ollama.requests == []
+
+
+async def test_a_scheduled_run_cut_by_a_crash_is_said_as_such_not_as_a_message_to_resend(
+    make_bot: BotFactory, store: Store
+) -> None:
+    """Regression: the place was asked to "send again" the task's own prompt, which nobody
+    sent."""
+    start = TurnStart(PLACE, "assistant", SYSTEM_PROMPT, "schedule", "[Scheduled task #1] digest")
+    await store.start_turn(start)
+
+    bot = await restart(make_bot, store)
+
+    assert bot.channel.notices_in(PLACE) == [CUT_FIRING]
+    assert bot.ollama.requests == [] and [t.status for t in await bot.turns()] == ["interrupted"]
 
 
 async def test_a_turn_that_asked_for_a_tool_is_not_run_again_but_the_person_is_told(

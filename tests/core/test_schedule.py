@@ -184,12 +184,17 @@ async def test_missed_slots_are_only_recorded_when_skipped(make_bot: BotFactory)
     assert bot.ollama.requests == [] and bot.channel.replies == []
 
 
-async def test_a_restart_rebuilds_a_job_per_task_from_the_rows(make_bot: BotFactory) -> None:
+async def test_a_restart_rebuilds_a_job_per_task_and_closes_runs_left_under_way(
+    make_bot: BotFactory,
+) -> None:
     clock = Clock(datetime.now(UTC))
     bot, scheduler = scheduled(make_bot, clock)
     daily = await scheduler.create(ANN, "assistant", "digest", When("0 8 * * *"))
     paused = await scheduler.create(ANN, "assistant", "other", When(every_minutes=60))
     await scheduler.pause(paused)
+
+    under_way = {"late": False, "missed_slots": 0, "outcome": "running", "started_at": clock.now}
+    await bot.store.claim_slot(daily.id or 0, clock.now, under_way)  # then the process died
 
     restarted = Scheduler(bot.store, bot.runner, {"test": bot.channel}, ScheduleSettings())
     assert await restarted.start() == 1
@@ -198,6 +203,8 @@ async def test_a_restart_rebuilds_a_job_per_task_from_the_rows(make_bot: BotFact
     finally:
         restarted.stop()
     assert list(jobs) == [daily.id] and jobs[daily.id or 0] == aware(daily.next_run)  # type: ignore[arg-type]
+    (cut,) = await bot.store.task_runs(daily.id or 0)
+    assert (cut.outcome, cut.error) == ("interrupted", "Kaiwa stopped during the run")
 
 
 async def test_apscheduler_wakes_a_task_when_its_slot_comes(make_bot: BotFactory) -> None:
