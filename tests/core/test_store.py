@@ -1,8 +1,10 @@
 """The store on SQLite and, when KAIWA_TEST_POSTGRES_URL is set, on PostgreSQL: same code."""
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 from alembic import command
@@ -16,6 +18,7 @@ from sqlmodel import SQLModel
 from core.errors import StoreError
 from core.history import history_wire
 from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, Usage, UsageTotals
+from core.schedule import aware
 from core.schema import MIGRATIONS, SCHEMA_HEAD
 from core.store import (
     CompactionRecord,
@@ -318,3 +321,42 @@ async def test_a_database_with_rows_upgrades_to_the_newest_schema(database_url: 
 
     assert [row.text for row in stored.messages] == ["hi"]
     assert (turn.prompt_tokens, turn.wrapped_up) == (10, False)
+
+
+async def test_a_task_slot_is_claimed_once_however_many_claim_it(any_store: Store) -> None:
+    """Schedulers that read the same row race for its slot: one moves `next_run` on and gets
+    the run; the others, and a claim of the same slot after a restart, get None."""
+    slot, following = datetime(2026, 12, 1, 8, tzinfo=UTC), datetime(2026, 12, 2, 8, tzinfo=UTC)
+    task = await any_store.create_task(
+        {
+            "platform": "t",
+            "place": "t:p",
+            "agent": "assistant",
+            "name": "digest",
+            "prompt": "the digest",
+            "cron": "0 8 * * *",
+            "timezone": "UTC",
+            "misfire": "once",
+            "enabled": True,
+            "consecutive_failures": 0,
+            "created_by": "ann",
+            "created_at": slot,
+            "next_run": slot,
+        }
+    )
+    assert task.id is not None
+    run = {"late": False, "missed_slots": 0, "outcome": "running", "started_at": slot}
+
+    claims = await asyncio.gather(
+        *(any_store.claim_slot(task.id, slot, run, (slot, following)) for _ in range(5))
+    )
+    again = await any_store.claim_slot(task.id, slot, run)
+
+    assert sum(claim is not None for claim in claims) == 1 and again is None
+    stored = await any_store.task(task.id)
+    assert stored is not None and stored.next_run is not None
+    assert aware(stored.next_run) == following
+    (claimed,) = await any_store.task_runs(task.id)
+    assert claimed.outcome == "running"
+    await any_store.update_task(task.id, {"cancelled_at": slot})
+    assert await any_store.tasks() == []
