@@ -59,8 +59,14 @@ from core.turns import Provenance, TurnRequest, TurnRunner
 logger = logging.getLogger(__name__)
 
 POLICIES = ("once", "skip")
-SLOTS_COUNTED = 10_000
-"""Missed slots counted at most, one by one (a minutely task down for a week stops here)."""
+SLOTS_COUNTED = 1_000
+"""Missed slots counted at most, one by one (a minutely task down for a day stops here, after
+about 20 ms; the count it records is then a lower bound)."""
+RETRY_SECONDS = 30.0
+"""When a firing could not claim its slot (the database away), its job wakes again this soon."""
+START_BATCH = 200
+"""Jobs built at start-up between two yields to the event loop (a message meanwhile waits for
+one batch, not for every task)."""
 WEEKDAYS = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"]
 
 
@@ -301,14 +307,13 @@ class Scheduler:
         self.settings = settings
         self._clock = clock
         self._jobs = AsyncIOScheduler(timezone=UTC) if timers else None
-        self._wanted: set[int] = set()
-        """Tasks whose slots fire (enabled, not cancelled, with a next slot)."""
+        self._wanted: dict[int, datetime] = {}
+        """Tasks whose slots fire (enabled, not cancelled), each with its next slot."""
         self._cancelled: set[int] = set()
         """Tasks cancelled by this process: a firing waiting for its gate asks."""
         self._firings: set[asyncio.Task[None]] = set()
         self.handed_over = asyncio.Event()
         """Set each time a firing has queued its turn (a handshake for tests)."""
-        self._started = False
 
     @property
     def default_zone(self) -> str:
@@ -330,18 +335,17 @@ class Scheduler:
                 interrupted,
                 plural(interrupted, "run was", "runs were"),
             )
-        tasks = await self._store.tasks()
-        for task in tasks:
-            self._track(task)
         if self._jobs is not None:
             self._jobs.start()
-        self._started = True
+        for index, task in enumerate(await self._store.tasks(), start=1):
+            self._track(task)
+            if index % START_BATCH == 0:
+                await asyncio.sleep(0)
         self.fire_due()
         return len(self._wanted)
 
     def stop(self) -> None:
         """No more firings (before the turn runner shuts down); running ones go on."""
-        self._started = False
         if self._jobs is not None and self._jobs.running:
             self._jobs.shutdown(wait=False)
 
@@ -354,14 +358,16 @@ class Scheduler:
         """Each task's job and the next time it wakes (None without timers)."""
         if self._jobs is None:
             return dict.fromkeys(sorted(self._wanted))
-        return {int(job.id): job.next_run_time for job in self._jobs.get_jobs()}
+        return {int(job.id): aware(job.next_run_time) for job in self._jobs.get_jobs()}
 
     # -- firing ----------------------------------------------------------------------------------
 
     def fire_due(self) -> list[asyncio.Task[None]]:
         """Fire every task whose slot has come (at start-up; tests call it after moving the
         clock). Returns the firings started."""
-        return [self._fire_task(task_id) for task_id in sorted(self._wanted)]
+        now = self._clock()
+        due = sorted(task_id for task_id, slot in self._wanted.items() if slot <= now)
+        return [self._fire_task(task_id) for task_id in due]
 
     def _fire_task(self, task_id: int, *, now: bool = False) -> "asyncio.Task[None]":
         firing = asyncio.create_task(self._fire(task_id, now=now), name=f"task {task_id}")
@@ -374,7 +380,9 @@ class Scheduler:
         self._fire_task(task_id)
 
     async def _fire(self, task_id: int, *, now: bool = False) -> None:
-        """Claim the task's due slot, if it has one, and run it. Never raises (invariant 6)."""
+        """Claim the task's due slot, if it has one, and run it. Never raises (invariant 6).
+        Whatever happens, the task's job is armed again before the run: at its next slot, or,
+        when the slot could not be claimed, `RETRY_SECONDS` from now."""
         try:
             task = await self._store.task(task_id)
             if task is None or task.cancelled_at is not None or task_id in self._cancelled:
@@ -382,20 +390,36 @@ class Scheduler:
             if not now and not (task.enabled and task_id in self._wanted):
                 return
             claimed = await (self._claim_now(task) if now else self._claim_due(task))
-            if claimed is not None:
-                await self._run(task, *claimed)
+        except Exception as exc:
+            self._retry(task_id, exc)
+            return
+        if claimed is None:
+            return
+        try:
+            await self._run(task, *claimed)
         except StoreError as exc:
-            logger.error("task %d: its firing could not be stored: %s", task_id, exc)
+            logger.error("task %d: how its run ended could not be stored: %s", task_id, exc)
         except Exception:
-            logger.exception("task %d: firing failed unexpectedly", task_id)
+            logger.exception("task %d: its run failed unexpectedly", task_id)
+
+    def _retry(self, task_id: int, error: Exception) -> None:
+        if isinstance(error, StoreError):
+            logger.error("task %d: its slot could not be claimed: %s", task_id, error)
+        else:
+            logger.error("task %d: firing failed unexpectedly", task_id, exc_info=error)
+        if task_id in self._wanted:
+            self._arm(task_id, self._clock() + timedelta(seconds=RETRY_SECONDS))
 
     async def _claim_due(self, task: ScheduledTask) -> tuple[int, datetime, bool] | None:
         """The due slot claimed (run id, slot, late), or None: not due, claimed before, or
         missed and skipped (recorded so)."""
+        assert task.id is not None
         if task.next_run is None:
+            self._untrack(task.id)
             return None
         now, first = self._clock(), aware(task.next_run)
-        if first > now:
+        if first > now:  # woken before its slot (the row changed meanwhile)
+            self._track(task)
             return None
         trigger = trigger_of(task)
         latest, count = first, 1
@@ -414,11 +438,15 @@ class Scheduler:
             "started_at": now,
             "finished_at": now if skipped else None,
         }
-        assert task.id is not None
         run_id = await self._store.claim_slot(task.id, latest, run, (first, upcoming))
-        if run_id is None:
+        if run_id is None:  # another scheduler moved it on: follow the row
+            moved = await self._store.task(task.id)
+            if moved is None:
+                self._untrack(task.id)
+            else:
+                self._track(moved)
             return None
-        self._reschedule(task, upcoming)
+        self._track(task.model_copy(update={"next_run": upcoming}))
         if skipped:
             logger.info(
                 "task %d: %d %s missed while Kaiwa was down; skipped (its policy)",
@@ -507,33 +535,31 @@ class Scheduler:
     # -- jobs ------------------------------------------------------------------------------------
 
     def _track(self, task: ScheduledTask) -> None:
-        """Keep `task` runnable and its job in step with its row."""
+        """Keep `task` runnable and its job in step with its row (`next_run` the row's or the
+        one just claimed)."""
         assert task.id is not None
         if not task.enabled or task.cancelled_at is not None or task.next_run is None:
             self._untrack(task.id)
             return
-        self._wanted.add(task.id)
-        self._reschedule(task, aware(task.next_run))
+        slot = aware(task.next_run)
+        self._wanted[task.id] = slot
+        self._arm(task.id, slot)
 
     def _untrack(self, task_id: int) -> None:
-        self._wanted.discard(task_id)
+        self._wanted.pop(task_id, None)
         if self._jobs is not None:
             with contextlib.suppress(Exception):  # no job: nothing to remove
                 self._jobs.remove_job(str(task_id))
 
-    def _reschedule(self, task: ScheduledTask, at: datetime | None) -> None:
-        """The task's job wakes at `at` (its next slot; None: never again)."""
-        assert task.id is not None
-        if at is None:
-            self._untrack(task.id)
-            return
+    def _arm(self, task_id: int, at: datetime) -> None:
+        """The task's job wakes at `at` (a one-off: each wake arms the next)."""
         if self._jobs is None:
             return
         self._jobs.add_job(
             self._woken,
             trigger=DateTrigger(run_date=at, timezone=UTC),
-            args=[task.id],
-            id=str(task.id),
+            args=[task_id],
+            id=str(task_id),
             replace_existing=True,
             coalesce=True,
             max_instances=1,

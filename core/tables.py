@@ -226,7 +226,10 @@ class TaskRun(SQLModel, table=True):
     the earlier slots this row stands for (never one row, or one run, per missed slot)."""
 
     __tablename__ = "task_runs"
-    __table_args__ = (Index("ux_task_runs_task_fire_time", "task_id", "fire_time", unique=True),)
+    __table_args__ = (
+        Index("ux_task_runs_task_fire_time", "task_id", "fire_time", unique=True),
+        Index("ix_task_runs_outcome", "outcome"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     task_id: int = Field(foreign_key="scheduled_tasks.id")

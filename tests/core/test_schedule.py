@@ -15,10 +15,20 @@ from typing import Any
 import pytest
 
 from core.channel import Delivery
-from core.schedule import Scheduler, ScheduleSettings, TaskError, When, aware, next_slot, trigger_of
+from core.schedule import (
+    RETRY_SECONDS,
+    Scheduler,
+    ScheduleSettings,
+    TaskError,
+    When,
+    aware,
+    next_slot,
+    trigger_of,
+)
 from core.store import Store
 from core.tables import ScheduledTask
 from core.tools import ToolContext
+from tests.databases import IMPATIENT, QUICK, Outage, open_store
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import HttpError, Pause, Text, ToolCall
 from tests.harness import PLACE, Bot, BotFactory
@@ -438,3 +448,59 @@ async def test_the_tool_refuses_a_bad_zone_in_words_the_model_can_act_on(
     result = [m["content"] for m in bot.ollama.requests[1]["messages"] if m["role"] == "tool"]
     assert "unknown time zone 'Paris': use an IANA name such as Europe/Paris" in result[0]
     assert await bot.store.tasks(PLACE) == []
+
+
+async def test_a_firing_during_a_database_blink_waits_and_runs_once(
+    make_bot: BotFactory, outage: Outage, closing: list[Store]
+) -> None:
+    """The claim is a durable write: it waits for the database, and the slot runs when it is
+    back, once."""
+    clock = Clock(utc(2030, 1, 1, 6))
+    bot = make_bot(
+        bot_store=await open_store(outage.url, QUICK, closing),
+        schedule=ScheduleSettings(),
+        clock=clock,
+    )
+    assert bot.scheduler is not None
+    bot.ollama.default = [Text("The digest.")]
+    task = await bot.scheduler.create(ANN, "assistant", "digest", When("0 8 * * *"))
+    outage.begin()
+    clock.now = utc(2030, 1, 1, 8)
+    firing = bot.scheduler.fire_due()
+    await outage.store_noticed()
+    outage.end()
+    await asyncio.gather(*firing, *bot.scheduler.fire_due())
+
+    (run,) = await bot.store.task_runs(task.id or 0)
+    assert (aware(run.fire_time), run.outcome) == (utc(2030, 1, 1, 8), "done")
+    assert [reply.text for reply in bot.channel.replies] == ["The digest."]
+
+
+async def test_a_slot_the_database_kept_from_being_claimed_is_tried_again(
+    make_bot: BotFactory, outage: Outage, closing: list[Store]
+) -> None:
+    """Regression: a wake that could not read its task left it with no timer for the rest of
+    the process. Now its job wakes again `RETRY_SECONDS` later, and the slot runs."""
+    if outage.url.startswith("sqlite"):
+        pytest.skip("on SQLite a held write lock keeps no reader out")
+    clock = Clock(utc(2030, 1, 1, 6))
+    bot = make_bot(bot_store=await open_store(outage.url, IMPATIENT, closing))
+    bot.ollama.default = [Text("The digest.")]
+    scheduler = Scheduler(
+        bot.store, bot.runner, {"test": bot.channel}, ScheduleSettings(), clock=clock
+    )
+    await scheduler.start()
+    try:
+        task = await scheduler.create(ANN, "assistant", "digest", When("0 8 * * *"))
+        outage.begin()
+        clock.now = utc(2030, 1, 1, 8)
+        await asyncio.gather(*scheduler.fire_due())
+        retry_at = clock.now + timedelta(seconds=RETRY_SECONDS)
+        assert scheduler.jobs() == {task.id: retry_at}
+        outage.end()
+        clock.now = retry_at
+        await asyncio.gather(*scheduler.fire_due())
+    finally:
+        scheduler.stop()
+    (run,) = await bot.store.task_runs(task.id or 0)
+    assert (aware(run.fire_time), run.outcome, run.late) == (utc(2030, 1, 1, 8), "done", False)

@@ -52,6 +52,7 @@ def upgrade() -> None:
     op.create_index(
         "ux_task_runs_task_fire_time", "task_runs", ["task_id", "fire_time"], unique=True
     )
+    op.create_index("ix_task_runs_outcome", "task_runs", ["outcome"])
 
 
 def downgrade() -> None:
