@@ -30,6 +30,8 @@ from channels.terminal import TerminalChannel, stdin_lines
 from core.channel import Channel
 from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.errors import ModelError, StoreError
+from core.fetch import fetch_tool
+from core.memory import Memory, memory_tools
 from core.model import ModelClient
 from core.recovery import Leftovers, Recovery, leftovers
 from core.schedule import Scheduler, describe_tasks, task_tools
@@ -59,7 +61,7 @@ TURN_ITERATIONS, RUN_ITERATIONS = 10, 30
 def turn_settings(config: Config) -> TurnSettings:
     """Every agent's profile with its tools (an unknown tool name fails here), the default one,
     and the agent each channel gives a new conversation."""
-    registry = ToolRegistry(builtin_tools(config.assistant.timezone))
+    registry = ToolRegistry([*builtin_tools(config.assistant.timezone), fetch_tool(config.fetch)])
     profiles = {
         name: AgentProfile(
             name=name,
@@ -226,6 +228,9 @@ async def _serve(
     channels = {adapter.platform: adapter for adapter in adapters}
     runner = TurnRunner(store, model, channels, settings)
     scheduler = _scheduler(config, store, runner, channels)
+    memory = Memory(store, config.memory) if config.memory.enabled else None
+    if memory is not None:
+        runner.shared_tools.update({each.name: each for each in memory_tools(memory)})
     dispatcher = Dispatcher(
         store,
         runner,
@@ -233,6 +238,7 @@ async def _serve(
         access_rules(config),
         max_message_chars=config.limits.max_message_chars,
         scheduler=scheduler,
+        memory=memory,
     )
     supervised = [Supervised(adapter, dispatcher.handle) for adapter in adapters]
     for adapter in adapters:

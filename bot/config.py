@@ -44,6 +44,8 @@ from channels.settings import (
 )
 from core.context import ContextPolicy
 from core.errors import ConfigError
+from core.fetch import FetchSettings
+from core.memory import SCOPES, MemorySettings
 from core.model import ModelSettings
 from core.schedule import ScheduleSettings
 from core.store import StoreSettings
@@ -78,7 +80,7 @@ class AgentConfig:
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     think: bool = False
     images: bool = False
-    tools: list[str] = field(default_factory=lambda: ["current_time"])
+    tools: list[str] = field(default_factory=lambda: ["current_time", "fetch_url"])
     max_iterations: int = 0
     """Most model calls: 0 means 10 for a conversation's turn, 30 for a sub-agent's run (which
     `[subagents].max_iterations` caps either way)."""
@@ -137,6 +139,8 @@ class Config:
     context: ContextPolicy = field(default_factory=ContextPolicy)
     subagents: SubagentSettings = field(default_factory=SubagentSettings)
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
+    memory: MemorySettings = field(default_factory=MemorySettings)
+    fetch: FetchSettings = field(default_factory=FetchSettings)
     storage: StorageConfig = field(default_factory=StorageConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     channels: ChannelsConfig = field(default_factory=ChannelsConfig)
@@ -395,6 +399,11 @@ def _checked(config: Config) -> Config:
         "schedule.max_failures": config.schedule.max_failures,
         "schedule.min_interval_seconds": config.schedule.min_interval_seconds,
         "schedule.max_tasks_per_place": config.schedule.max_tasks_per_place,
+        "memory.max_notes": config.memory.max_notes,
+        "memory.max_chars": config.memory.max_chars,
+        "fetch.timeout": config.fetch.timeout,
+        "fetch.max_bytes": config.fetch.max_bytes,
+        "fetch.max_chars": config.fetch.max_chars,
         "storage.write_retry_seconds": config.storage.write_retry_seconds,
         "storage.connections": config.storage.connections,
         "logging.max_bytes": config.logging.max_bytes,
@@ -422,6 +431,10 @@ def _checked(config: Config) -> Config:
         raise ConfigError(
             "'subagents.routing' is enabled: set its small, medium and large models (or turn it "
             "off with enabled = false)"
+        )
+    if config.memory.scope not in SCOPES:
+        raise ConfigError(
+            f"'memory.scope' must be one of {', '.join(SCOPES)}, got {config.memory.scope!r}"
         )
     if config.ollama.retries < 0:
         raise ConfigError(f"'ollama.retries' must be 0 or more, got {config.ollama.retries}")

@@ -115,6 +115,7 @@ COMMAND_WORDS = {name for name, _ in COMMANDS}
 COMMANDS_WITH_WORDS = {
     "agents": "a name or id; stop NAME; tell NAME MESSAGE",
     "tasks": "pause|resume|cancel|run ID",
+    "memory": "forget ID",
 }
 """Slash commands that take what follows them (as typed after `!agents`), and its description."""
 READ_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from core.channel import Button, Channel, ChannelMessage
 from core.context import Compaction
 from core.errors import StoreError
+from core.memory import Memory, describe_note
 from core.schedule import Scheduler, describe_task
 from core.store import Store
 from core.subagents import Run
@@ -30,6 +31,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("compact", "summarize this conversation's older messages now, to free its context"),
     ("agents", "sub-agents here; /agents <name>, /agents stop <name>, /agents tell <name> <text>"),
     ("tasks", "scheduled tasks here; /tasks pause|resume|cancel|run <id>"),
+    ("memory", "the notes kept for you; /memory forget <id>"),
     ("help", "list the commands"),
 )
 """Every command and its one-line summary, for /help and for platforms' command menus."""
@@ -63,10 +65,17 @@ Handler = Callable[[ChannelMessage, Channel, Command], Awaitable[None]]
 
 
 class Commands:
-    def __init__(self, store: Store, runner: TurnRunner, scheduler: Scheduler | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        runner: TurnRunner,
+        scheduler: Scheduler | None,
+        memory: Memory | None,
+    ) -> None:
         self._store = store
         self._runner = runner
         self._scheduler = scheduler
+        self._memory = memory
         handlers: dict[str, Handler] = {
             "stop": self._stop,
             "new": self._new,
@@ -74,6 +83,7 @@ class Commands:
             "compact": self._compact,
             "agents": self._agents,
             "tasks": self._tasks,
+            "memory": self._notes,
             "help": self._help,
         }
         self._handlers = {name: (handlers[name], summary) for name, summary in COMMANDS}
@@ -224,6 +234,30 @@ class Commands:
             return f"Cancelled task {label}; it will not fire again."
         self._scheduler.run_now(task)
         return f"Task {label} runs now; its answer follows here."
+
+    async def _notes(self, message: ChannelMessage, channel: Channel, command: Command) -> None:
+        verb, _, target = command.argument.partition(" ")
+        if self._memory is None:
+            answer = "Notes are off ([memory].enabled = false in config.toml)."
+        elif not verb:
+            answer = await self._notes_list(message)
+        elif verb == "forget" and target.strip().removeprefix("#").isdigit():
+            owner = self._memory.owner(message.platform, message.place, message.author_id)
+            note = int(target.strip().removeprefix("#"))
+            forgotten = await self._memory.forget(owner, note)
+            answer = f"Forgot note #{note}." if forgotten else f"No note #{note}; see /memory."
+        else:
+            answer = "Usage: /memory, or /memory forget ID (the numbers /memory shows)."
+        await channel.notify(message.place, answer)
+
+    async def _notes_list(self, message: ChannelMessage) -> str:
+        assert self._memory is not None
+        owner = self._memory.owner(message.platform, message.place, message.author_id)
+        notes = await self._memory.recall(owner)
+        whose = "for you" if self._memory.settings.scope == "person" else "in this conversation"
+        if not notes:
+            return f"No notes kept {whose}. Ask me to remember something."
+        return f"Notes kept {whose}, newest first:\n" + "\n".join(map(describe_note, notes))
 
     async def _help(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
         lines = [f"/{name}: {summary}" for name, (_, summary) in self._handlers.items()]

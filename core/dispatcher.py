@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from core.channel import Channel, ChannelMessage
 from core.commands import Command, Commands, parse_command
 from core.errors import StoreError
+from core.memory import Memory
 from core.schedule import Scheduler
 from core.store import Inbound, Store
 from core.text import clean
@@ -95,13 +96,14 @@ class Dispatcher:
         *,
         max_message_chars: int,
         scheduler: Scheduler | None = None,
+        memory: Memory | None = None,
     ) -> None:
         self._store = store
         self._runner = runner
         self._channels = channels
         self._access = access
         self._max_chars = max_message_chars
-        self._commands = Commands(store, runner, scheduler)
+        self._commands = Commands(store, runner, scheduler, memory)
         self._refused: dict[tuple[str, str], float] = {}
         """When each stranger (platform, person) was last told they are refused."""
 

@@ -45,6 +45,7 @@ from sqlalchemy import (
     Executable,
     bindparam,
     create_engine,
+    delete,
     event,
     func,
     insert,
@@ -67,6 +68,7 @@ from core.tables import (
     Conversation,
     InboundEvent,
     Message,
+    Note,
     ScheduledTask,
     SubagentMessage,
     SubagentRun,
@@ -813,6 +815,33 @@ class Store:
 
         return self._call(run, autocommit=True)
 
+    # -- notes ---------------------------------------------------------------------------------
+
+    def add_note(self, values: dict[str, Any]) -> Awaitable[Note]:
+        fitted = _fit(Note, values)
+
+        def run(connection: Connection) -> Note:
+            row = connection.execute(_insert_returning_row(Note), fitted).one()
+            return Note.model_construct(**row._mapping)
+
+        return self._call(run, durable=True)
+
+    def notes(self, owner: str) -> Awaitable[list[Note]]:
+        """An owner's notes, oldest first."""
+
+        def run(connection: Connection) -> list[Note]:
+            return _rows(connection, Note, _notes_statement(), owner=owner)
+
+        return self._call(run, autocommit=True)
+
+    def forget_note(self, owner: str, note_id: int) -> Awaitable[bool]:
+        """Delete one of `owner`'s notes; False when it has none with that id."""
+        table = Note.__table__  # type: ignore[attr-defined]
+        statement = delete(table).where(table.c.id == note_id, table.c.owner == owner)
+        return self._call(
+            lambda connection: connection.execute(statement).rowcount == 1, durable=True
+        )
+
     # -- plumbing ------------------------------------------------------------------------------
 
     def _call(
@@ -1069,6 +1098,12 @@ def _slot_claim_statement(dialect: str) -> Executable:
         .on_conflict_do_nothing(index_elements=["task_id", "fire_time"])
         .returning(table.c.id)
     )
+
+
+@cache
+def _notes_statement() -> Executable:
+    table = Note.__table__  # type: ignore[attr-defined]
+    return select(table).where(table.c.owner == bindparam("owner")).order_by(table.c.id)
 
 
 @cache

@@ -243,3 +243,17 @@ class TaskRun(SQLModel, table=True):
     finished_at: datetime | None = Field(
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
+
+
+class Note(SQLModel, table=True):
+    """A note the agent was asked to remember (`core.memory`). `owner` is whose it is: a person
+    on a platform (`telegram:person:42`) or a conversation's place, as `[memory].scope` says."""
+
+    __tablename__ = "notes"
+
+    id: int | None = Field(default=None, primary_key=True)
+    owner: str = Field(index=True, max_length=300)
+    text: str = Field(sa_column=Column(Text, nullable=False))
+    place: str = Field(max_length=300)
+    created_by: str = Field(max_length=200)
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))

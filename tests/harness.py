@@ -13,6 +13,7 @@ import pytest
 
 from core.channel import Channel, ChannelMessage
 from core.dispatcher import AccessRules, Allowed, Dispatcher
+from core.memory import Memory, MemorySettings, memory_tools
 from core.model import ModelClient
 from core.schedule import Scheduler, ScheduleSettings, task_tools
 from core.store import Store
@@ -110,9 +111,11 @@ async def make_bot(
         subagents: SubagentSettings | None = None,
         schedule: ScheduleSettings | None = None,
         clock: Callable[[], datetime] | None = None,
+        memory: MemorySettings | None = None,
     ) -> Bot:
         """`schedule`: with a scheduler (its task tools given to the agent), on `clock`, with
-        no timers: firings happen when the test calls `scheduler.fire_due()`."""
+        no timers: firings happen when the test calls `scheduler.fire_due()`. `memory`: with
+        the notes tools and `/memory`."""
         channel = channel or RecordingChannel()
         chosen = tools if tools is not None else [echo, *builtin_tools("UTC")]
         settings = TurnSettings(
@@ -150,6 +153,9 @@ async def make_bot(
             )
             tools = task_tools(scheduler, lambda place, platform: "assistant")
             runner.shared_tools = {each.name: each for each in tools}
+        notes = Memory(used_store, memory) if memory is not None else None
+        if notes is not None:
+            runner.shared_tools.update({each.name: each for each in memory_tools(notes)})
         dispatcher = Dispatcher(
             used_store,
             runner,
@@ -157,6 +163,7 @@ async def make_bot(
             AccessRules({channel.platform: access or Allowed(users=allowed, rooms=rooms)}),
             max_message_chars=max_message_chars,
             scheduler=scheduler,
+            memory=notes,
         )
         return Bot(used_store, channel, runner, dispatcher, ollama, scheduler)
 

@@ -294,7 +294,7 @@ async def test_slash_commands_are_registered_and_answer_privately(make_bot: BotF
     async with discord_platform(make_bot) as discord:
         fake = discord.fake
         names = [command["name"] for command in fake.commands]
-        assert names == ["stop", "new", "usage", "compact", "agents", "tasks", "help"]
+        assert names == ["stop", "new", "usage", "compact", "agents", "tasks", "memory", "help"]
         discord.bot.ollama.script(Text("Hi."))
         thread = open_thread(discord, "hi")
         await fake.wait_until(lambda: said(fake, thread) == ["Hi."], what="the reply")
