@@ -284,8 +284,14 @@ class BenchChannel:
         reply = self._expected.pop(reply_to, None) if reply_to else None
         return reply or BenchReply(place)
 
-    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
+    async def notify(
+        self, place: str, text: str, buttons: Sequence[Button] = ()
+    ) -> tuple[str, ...]:
         self.notices.append((place, text))
+        return ()
+
+    async def edit_notice(self, place: str, message_id: str, text: str) -> None:
+        """Nothing to edit: `notify` gives no ids."""
 
 
 # -- the Kaiwa turn path, in process ----------------------------------------------------------

@@ -88,6 +88,7 @@ from channels.rendering import (
     RateLimited,
     RenderSettings,
     StreamingReply,
+    replace_notice,
     send_notice,
 )
 from channels.settings import DiscordSettings
@@ -116,6 +117,8 @@ COMMANDS_WITH_WORDS = {
     "agents": "a name or id; stop NAME; tell NAME MESSAGE",
     "tasks": "pause|resume|cancel|run ID",
     "memory": "forget ID",
+    "approve": "ID, or ID here",
+    "deny": "ID",
 }
 """Slash commands that take what follows them (as typed after `!agents`), and its description."""
 READ_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
@@ -417,14 +420,21 @@ class DiscordChannel(ConnectionState):
     def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
         return StreamingReply(self._transport(place), self._render, place, posted)
 
-    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
+    async def notify(
+        self, place: str, text: str, buttons: Sequence[Button] = ()
+    ) -> tuple[str, ...]:
         if await answered_privately(place, text, buttons):
-            return
+            return ()
         mention = self._mentions.get(DiscordPlace.of(place).channel)
         if mention is not None and mention.opening is None:
             await self._answer_in_channel(mention, text)
-            return
-        await send_notice(self._transport(place), text, self._settings.final_edit_seconds, buttons)
+            return ()
+        seconds = self._settings.final_edit_seconds
+        return await send_notice(self._transport(place), text, seconds, buttons)
+
+    async def edit_notice(self, place: str, message_id: str, text: str) -> None:
+        seconds = self._settings.final_edit_seconds
+        await replace_notice(self._transport(place), message_id, text, seconds)
 
     def _transport(self, place: str) -> DiscordTransport:
         channel = DiscordPlace.of(place).channel

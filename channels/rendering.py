@@ -343,17 +343,29 @@ async def send_notice(
     text: str,
     seconds: float = FINAL_EDIT_SECONDS,
     buttons: Sequence[Button] = (),
-) -> None:
+) -> tuple[str, ...]:
     """A standalone message (a command's answer, a refusal), split at the limit, sent in full
-    through rate limits for up to `seconds` a piece, `buttons` under its last piece. Raises
-    `PlatformError` (or `RateLimited` past the deadline) when a piece cannot be sent."""
+    through rate limits for up to `seconds` a piece, `buttons` under its last piece; the ids of
+    the messages posted. Raises `PlatformError` (or `RateLimited` past the deadline) when a
+    piece cannot be sent."""
     pieces = split_message(text, transport.limit, transport.measure)
     under = [()] * (len(pieces) - 1) + [tuple(buttons) if transport.controls else ()]
+    posted: list[str] = []
+
+    async def send(piece: str, its_buttons: tuple[Button, ...]) -> None:
+        posted.append(await transport.send(piece, buttons=its_buttons))
+
     for piece, its_buttons in zip(pieces, under, strict=True):
-        await keep_trying(
-            lambda piece=piece, its_buttons=its_buttons: transport.send(piece, buttons=its_buttons),
-            seconds,
-        )
+        await keep_trying(lambda piece=piece, b=its_buttons: send(piece, b), seconds)
+    return tuple(posted)
+
+
+async def replace_notice(
+    transport: Transport, message_id: str, text: str, seconds: float = FINAL_EDIT_SECONDS
+) -> None:
+    """Replace a notice's text (cut to one message) and take its buttons away."""
+    piece = split_message(text, transport.limit, transport.measure)[0]
+    await keep_trying(lambda: transport.edit(message_id, piece), seconds)
 
 
 def final_text(text: str, outcome: Outcome, note: str | None) -> str:

@@ -88,6 +88,7 @@ from channels.rendering import (
     RateLimited,
     RenderSettings,
     StreamingReply,
+    replace_notice,
     send_notice,
 )
 from channels.settings import SlackSettings
@@ -356,11 +357,17 @@ class SlackChannel(ConnectionState):
         )
         return StreamingReply(transport, self._render, place, posted)
 
-    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
+    async def notify(
+        self, place: str, text: str, buttons: Sequence[Button] = ()
+    ) -> tuple[str, ...]:
         if await answered_privately(place, text, buttons):
-            return
+            return ()
         transport = SlackTransport(self.web_client, SlackPlace.of(place))
-        await send_notice(transport, text, self._settings.final_edit_seconds, buttons)
+        return await send_notice(transport, text, self._settings.final_edit_seconds, buttons)
+
+    async def edit_notice(self, place: str, message_id: str, text: str) -> None:
+        transport = SlackTransport(self.web_client, SlackPlace.of(place))
+        await replace_notice(transport, message_id, text, self._settings.final_edit_seconds)
 
     # -- connecting ----------------------------------------------------------------------------
 

@@ -75,6 +75,7 @@ from channels.rendering import (
     RateLimited,
     RenderSettings,
     StreamingReply,
+    replace_notice,
     send_notice,
 )
 from channels.settings import TelegramSettings
@@ -236,11 +237,17 @@ class TelegramChannel(ConnectionState):
         transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, message_id)
         return StreamingReply(transport, self._render, place, posted)
 
-    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
+    async def notify(
+        self, place: str, text: str, buttons: Sequence[Button] = ()
+    ) -> tuple[str, ...]:
         if await answered_privately(place, text, buttons):
-            return
+            return ()
         transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, None)
-        await send_notice(transport, text, self._settings.final_edit_seconds, buttons)
+        return await send_notice(transport, text, self._settings.final_edit_seconds, buttons)
+
+    async def edit_notice(self, place: str, message_id: str, text: str) -> None:
+        transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, None)
+        await replace_notice(transport, message_id, text, self._settings.final_edit_seconds)
 
     # -- connecting ----------------------------------------------------------------------------
 

@@ -126,9 +126,15 @@ class TerminalChannel:
         anew below it."""
         return self.console.reply()
 
-    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
+    async def notify(
+        self, place: str, text: str, buttons: Sequence[Button] = ()
+    ) -> tuple[str, ...]:
         """A terminal has no buttons: every button's command is one a person can type."""
         self.console.say(text)
+        return ()
+
+    async def edit_notice(self, place: str, message_id: str, text: str) -> None:
+        """A terminal cannot change what it printed (and gives no ids to edit)."""
 
     def say(self, text: str) -> None:
         """A line from the bot itself (the ready banner), outside any conversation."""

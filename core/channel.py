@@ -147,7 +147,14 @@ class Channel(Protocol):
         the reply takes up again instead of posting anew."""
         ...
 
-    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
+    async def notify(
+        self, place: str, text: str, buttons: Sequence[Button] = ()
+    ) -> tuple[str, ...]:
         """Send a short standalone message (command answers, refusals, notices), with `buttons`
-        under it where the platform has them."""
+        under it where the platform has them; the ids of the messages posted (none when it went
+        to one person privately, or the platform has no ids)."""
+        ...
+
+    async def edit_notice(self, place: str, message_id: str, text: str) -> None:
+        """Replace a posted notice's text and take its buttons away (an answered question)."""
         ...

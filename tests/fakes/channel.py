@@ -82,9 +82,19 @@ class RecordingChannel:
         self.replies.append(recorded)
         return _Reply(self, recorded)
 
-    async def notify(self, place: str, text: str, buttons: Sequence[Button] = ()) -> None:
+    async def notify(
+        self, place: str, text: str, buttons: Sequence[Button] = ()
+    ) -> tuple[str, ...]:
         self.notices.append((place, text))
         self.buttons.append(tuple(buttons))
+        self.changed()
+        return (f"notice-{len(self.notices) - 1}",)
+
+    async def edit_notice(self, place: str, message_id: str, text: str) -> None:
+        """The notice `message_id` now reads `text`, without buttons."""
+        index = int(message_id.removeprefix("notice-"))
+        self.notices[index] = (place, text)
+        self.buttons[index] = ()
         self.changed()
 
     def release_finish(self) -> None:
