@@ -27,14 +27,15 @@ from bot.logs import PRINTED, setup_logging
 from bot.supervision import Supervised
 from channels.settings import DiscordSettings, SlackSettings
 from channels.terminal import TerminalChannel, stdin_lines
+from core.approvals import Approvals
 from core.channel import Channel
 from core.dispatcher import AccessRules, Allowed, Dispatcher
-from core.errors import ModelError, StoreError
+from core.errors import ConfigError, ModelError, StoreError
 from core.fetch import fetch_tool
-from core.memory import Memory, memory_tools
+from core.memory import MEMORY_TOOLS, Memory, memory_tools
 from core.model import ModelClient
 from core.recovery import Leftovers, Recovery, leftovers
-from core.schedule import Scheduler, describe_tasks, task_tools
+from core.schedule import TASK_TOOLS, Scheduler, describe_tasks, task_tools
 from core.store import Store
 from core.text import plural
 from core.tools import ToolRegistry, builtin_tools
@@ -62,6 +63,12 @@ def turn_settings(config: Config) -> TurnSettings:
     """Every agent's profile with its tools (an unknown tool name fails here), the default one,
     and the agent each channel gives a new conversation."""
     registry = ToolRegistry([*builtin_tools(config.assistant.timezone), fetch_tool(config.fetch)])
+    known = {*registry.names(), *MEMORY_TOOLS, *TASK_TOOLS}
+    for name in config.approvals.ask:
+        if name not in known:
+            raise ConfigError(
+                f"approvals.ask: unknown tool '{name}'; valid tools: {', '.join(sorted(known))}"
+            )
     profiles = {
         name: AgentProfile(
             name=name,
@@ -227,6 +234,8 @@ async def _serve(
     only then let the caller close the channels."""
     channels = {adapter.platform: adapter for adapter in adapters}
     runner = TurnRunner(store, model, channels, settings)
+    if config.approvals.ask:
+        runner.require_approvals(Approvals(store, channels, config.approvals))
     scheduler = _scheduler(config, store, runner, channels)
     memory = Memory(store, config.memory) if config.memory.enabled else None
     if memory is not None:
@@ -255,7 +264,9 @@ async def _serve(
     announcing = asyncio.create_task(
         _announce_ready(adapters, settings, described), name="start line"
     )
-    scheduling = asyncio.create_task(_start_scheduler(scheduler, adapters), name="scheduler")
+    scheduling = asyncio.create_task(
+        _once_connected(scheduler, runner.approvals, adapters), name="after connecting"
+    )
     status = 0
     try:
         done, _ = await asyncio.wait([*running, stop_wait], return_when=asyncio.FIRST_COMPLETED)
@@ -307,21 +318,24 @@ def _scheduler(
     return scheduler
 
 
-async def _start_scheduler(scheduler: Scheduler | None, adapters: list[Adapter]) -> None:
-    """Start firing once every channel is up (or has had its time to come up), so a firing
-    that was due while Kaiwa was down finds its channel connected."""
-    if scheduler is None:
-        return
+async def _once_connected(
+    scheduler: Scheduler | None, approvals: Approvals | None, adapters: list[Adapter]
+) -> None:
+    """Once every channel is up (or has had its time to come up): mark the questions a dead
+    process left unanswered expired, on the platform too, and start firing, so a firing due
+    while Kaiwa was down finds its channel connected."""
     waits = [asyncio.create_task(adapter.connected.wait()) for adapter in adapters]
     await asyncio.wait(waits, timeout=CONNECT_ANNOUNCE_SECONDS)
     for wait in waits:
         wait.cancel()
     try:
-        count = await scheduler.start()
+        if approvals is not None and (expired := await approvals.expire_leftovers()):
+            logger.info("%d unanswered %s marked expired", expired, plural(expired, "question"))
+        if scheduler is not None:
+            count = await scheduler.start()
+            logger.info("scheduler started: %d %s", count, plural(count, "task"))
     except StoreError as exc:
-        logger.error("scheduled tasks could not be read, so none will fire: %s", exc)
-        return
-    logger.info("scheduler started: %d %s", count, plural(count, "task"))
+        logger.error("after start-up: the store could not be read: %s", exc)
 
 
 async def _answer_what_was_typed(

@@ -42,6 +42,7 @@ from channels.settings import (
     TelegramSettings,
     TerminalSettings,
 )
+from core.approvals import ApprovalSettings
 from core.context import ContextPolicy
 from core.errors import ConfigError
 from core.fetch import FetchSettings
@@ -141,6 +142,7 @@ class Config:
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
     memory: MemorySettings = field(default_factory=MemorySettings)
     fetch: FetchSettings = field(default_factory=FetchSettings)
+    approvals: ApprovalSettings = field(default_factory=ApprovalSettings)
     storage: StorageConfig = field(default_factory=StorageConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     channels: ChannelsConfig = field(default_factory=ChannelsConfig)
@@ -404,6 +406,7 @@ def _checked(config: Config) -> Config:
         "fetch.timeout": config.fetch.timeout,
         "fetch.max_bytes": config.fetch.max_bytes,
         "fetch.max_chars": config.fetch.max_chars,
+        "approvals.timeout_seconds": config.approvals.timeout_seconds,
         "storage.write_retry_seconds": config.storage.write_retry_seconds,
         "storage.connections": config.storage.connections,
         "logging.max_bytes": config.logging.max_bytes,

@@ -32,6 +32,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("agents", "sub-agents here; /agents <name>, /agents stop <name>, /agents tell <name> <text>"),
     ("tasks", "scheduled tasks here; /tasks pause|resume|cancel|run <id>"),
     ("memory", "the notes kept for you; /memory forget <id>"),
+    ("approve", "let a tool call run: /approve <id>, or /approve <id> here for this conversation"),
+    ("deny", "refuse a tool call: /deny <id>"),
     ("help", "list the commands"),
 )
 """Every command and its one-line summary, for /help and for platforms' command menus."""
@@ -76,6 +78,7 @@ class Commands:
         self._runner = runner
         self._scheduler = scheduler
         self._memory = memory
+        self._approvals = runner.approvals
         handlers: dict[str, Handler] = {
             "stop": self._stop,
             "new": self._new,
@@ -84,6 +87,8 @@ class Commands:
             "agents": self._agents,
             "tasks": self._tasks,
             "memory": self._notes,
+            "approve": self._approve,
+            "deny": self._approve,
             "help": self._help,
         }
         self._handlers = {name: (handlers[name], summary) for name, summary in COMMANDS}
@@ -258,6 +263,21 @@ class Commands:
         if not notes:
             return f"No notes kept {whose}. Ask me to remember something."
         return f"Notes kept {whose}, newest first:\n" + "\n".join(map(describe_note, notes))
+
+    async def _approve(self, message: ChannelMessage, channel: Channel, command: Command) -> None:
+        """`/approve ID [here]` and `/deny ID`: an answer to a tool call's question."""
+        key, _, scope = command.argument.strip().removeprefix("#").partition(" ")
+        if self._approvals is None:
+            answer = "No tool here needs approval ([approvals].ask is empty)."
+        elif not key.isdigit() or scope.strip() not in ("", "here"):
+            answer = f"Usage: /{command.name} ID" + (" [here]" if command.name == "approve" else "")
+        else:
+            decision = "denied" if command.name == "deny" else "allowed"
+            if decision == "allowed" and scope.strip() == "here":
+                decision = "allowed_here"
+            name = message.author_name or message.author_id
+            answer = await self._approvals.answer(int(key), message.author_id, name, decision)
+        await channel.notify(message.place, answer)
 
     async def _help(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
         lines = [f"/{name}: {summary}" for name, (_, summary) in self._handlers.items()]

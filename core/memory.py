@@ -19,6 +19,8 @@ from core.store import Store
 from core.tables import Note, utc_now
 from core.tools import Tool, ToolContext, calling, tool
 
+MEMORY_TOOLS = ("remember", "recall", "forget")
+"""The names of `memory_tools`, known before a store exists (to check config against)."""
 RECALLED = 20
 """Notes `recall` returns at most, newest first."""
 

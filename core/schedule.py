@@ -59,6 +59,16 @@ from core.turns import Provenance, TurnRequest, TurnRunner
 logger = logging.getLogger(__name__)
 
 POLICIES = ("once", "skip")
+TASK_TOOLS = (
+    "schedule_task",
+    "list_tasks",
+    "update_task",
+    "pause_task",
+    "resume_task",
+    "cancel_task",
+    "run_task_now",
+)
+"""The names of `task_tools`, known before a store exists (to check config against)."""
 SLOTS_COUNTED = 1_000
 """Missed slots counted at most, one by one (a minutely task down for a day stops here, after
 about 20 ms; the count it records is then a lower bound)."""

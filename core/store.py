@@ -64,6 +64,7 @@ from core.history import INTERRUPTED_TOOL, unanswered_calls
 from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, UsageTotals
 from core.schema import ensure_schema
 from core.tables import (
+    Approval,
     Compaction,
     Conversation,
     InboundEvent,
@@ -841,6 +842,46 @@ class Store:
         return self._call(
             lambda connection: connection.execute(statement).rowcount == 1, durable=True
         )
+
+    # -- approvals -----------------------------------------------------------------------------
+
+    def add_approval(self, values: dict[str, Any]) -> Awaitable[Approval]:
+        fitted = _fit(Approval, values)
+
+        def run(connection: Connection) -> Approval:
+            row = connection.execute(_insert_returning_row(Approval), fitted).one()
+            return Approval.model_construct(**row._mapping)
+
+        return self._call(run, durable=True)
+
+    def update_approval(self, approval_id: int, values: dict[str, Any]) -> Awaitable[None]:
+        return self._call(_updater(Approval, approval_id, values), durable=True)
+
+    def decide_approval(self, approval_id: int, values: dict[str, Any]) -> Awaitable[bool]:
+        """Settle a pending approval; False when it was settled already (the first answer
+        wins, also across processes)."""
+        table = Approval.__table__  # type: ignore[attr-defined]
+        statement = (
+            update(table)
+            .where(table.c.id == approval_id, table.c.status == "pending")
+            .values(**_fit(Approval, values))
+        )
+        return self._call(
+            lambda connection: connection.execute(statement).rowcount == 1, durable=True
+        )
+
+    def approval(self, approval_id: int) -> Awaitable[Approval | None]:
+        def run(connection: Connection) -> Approval | None:
+            found = _rows(connection, Approval, _by_id_statement(Approval), row_id=approval_id)
+            return found[0] if found else None
+
+        return self._call(run, autocommit=True)
+
+    def pending_approvals(self) -> Awaitable[list[Approval]]:
+        """Approvals still `pending` (read at start-up: a dead process's questions)."""
+        table = Approval.__table__  # type: ignore[attr-defined]
+        statement = select(table).where(table.c.status == "pending").order_by(table.c.id)
+        return self._call(lambda c: _rows(c, Approval, statement), autocommit=True)
 
     # -- plumbing ------------------------------------------------------------------------------
 

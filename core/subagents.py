@@ -42,6 +42,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from core.approvals import Approvals
 from core.channel import Channel, Frame, Outcome
 from core.context import Calibration, Compaction, Compactor, ContextSettings
 from core.errors import KaiwaError, StoreError
@@ -51,7 +52,7 @@ from core.pump import FramePump
 from core.store import RunStart, Store, not_awaited
 from core.tables import utc_now
 from core.text import plural
-from core.tools import Tool, tool
+from core.tools import Tool, ToolContext, called_from, tool
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +214,9 @@ class Subagents:
         self._window = window
         self._tool_timeout = tool_timeout
         self._tool_grace = tool_grace
+        self.approvals: Approvals | None = None
+        """Set with the runner's (`TurnRunner.require_approvals`): a run's calls that need a
+        person's yes are refused, since a run never asks."""
         self._runs: dict[str, list[Run]] = {}
         self.wake: Callable[[str, str], None] = lambda platform, place: None
         """Start a turn in (platform, place) to carry a finished report; set by the runner."""
@@ -565,9 +569,12 @@ class Subagents:
         sink.add("user", run.task)
         try:
             context = await self._window(profile)
+            offered = {**tools, "report": _report_tool()}
+            if self.approvals is not None:  # never asked mid-run: refused, unattended
+                offered = self.approvals.guard(offered, self._tool_timeout)
             loop = AgentLoop(
                 self._model,
-                {**tools, "report": _report_tool()},
+                offered,
                 sink,
                 LoopSettings(
                     agent=profile.name,
@@ -581,7 +588,8 @@ class Subagents:
                 Compactor(self._model, profile.model, context, Calibration(), _no_record),
                 inbox=lambda: sink.noted(_read(run)),
             )
-            result = await loop.run(messages)
+            with called_from(ToolContext(run.platform, run.place, None, "subagent")):
+                result = await loop.run(messages)
             run.status, run.report = "done", result.answer.text
         except asyncio.CancelledError:
             run.status, run.report = "stopped", sink.said() or "(nothing yet)"

@@ -257,3 +257,26 @@ class Note(SQLModel, table=True):
     place: str = Field(max_length=300)
     created_by: str = Field(max_length=200)
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class Approval(SQLModel, table=True):
+    """A tool call that waited for a person's yes (`core.approvals`): the call in short, whom it
+    was asked of, and what became of it: `pending`, `allowed` (once), `allowed_here` (for the
+    rest of the conversation), `denied`, `timed_out`, `cancelled` (the turn was stopped) or
+    `expired` (Kaiwa restarted first). `message_id` is the question's, so it can be edited."""
+
+    __tablename__ = "approvals"
+
+    id: int | None = Field(default=None, primary_key=True)
+    place: str = Field(index=True, max_length=300)
+    tool: str = Field(max_length=200)
+    call: str = Field(sa_column=Column(Text, nullable=False))
+    asked_of: str = Field(max_length=200)
+    asked_of_name: str = Field(max_length=200)
+    status: str = Field(max_length=20, index=True)
+    decided_by: str | None = Field(default=None, max_length=200)
+    message_id: str | None = Field(default=None, max_length=100)
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    decided_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )

@@ -53,6 +53,8 @@ class ToolContext:
     place: str
     person: str | None
     provenance: str
+    person_name: str = ""
+    """How the person is shown (their name where the platform gives one, else their id)."""
 
     @property
     def attended(self) -> bool:

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
+from core.approvals import Approvals
 from core.channel import Channel, Delivery, Frame, Outcome, Reply
 from core.context import (
     Calibration,
@@ -267,6 +268,13 @@ class TurnRunner:
         self.subagents.wake = self._wake
         self.shared_tools: dict[str, Tool] = {}
         """Tools every conversation's agent has besides its own (the scheduled-task tools)."""
+        self.approvals: Approvals | None = None
+        """Asks before the tools that need a person's yes (`require_approvals`)."""
+
+    def require_approvals(self, approvals: Approvals) -> None:
+        """Tools in `[approvals].ask` run in a person's turn only once they say yes, and never
+        in a sub-agent's run."""
+        self.approvals = self.subagents.approvals = approvals
 
     # -- entry points --------------------------------------------------------------------------
 
@@ -469,9 +477,12 @@ class TurnRunner:
         tools = self.subagents.tools_for(
             request.place, request.platform, agent, lambda: _ids(starting), claims
         )
+        offered = {**agent.tools, **self.shared_tools, **tools}
+        if self.approvals is not None:
+            offered = self.approvals.guard(offered, settings.tool_timeout)
         loop = AgentLoop(
             self._model,
-            {**agent.tools, **self.shared_tools, **tools},
+            offered,
             recorder,
             LoopSettings(
                 agent=agent.name,
@@ -549,7 +560,11 @@ class TurnRunner:
         if stopped_early:  # stopped while the turn was being opened
             return Outcome.STOPPED, None, False
         context = ToolContext(
-            request.platform, request.place, request.person, request.provenance.value
+            request.platform,
+            request.place,
+            request.person,
+            request.provenance.value,
+            request.author or request.person or "",
         )
         try:
             with called_from(context):

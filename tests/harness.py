@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from core.approvals import Approvals, ApprovalSettings
 from core.channel import Channel, ChannelMessage
 from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.memory import Memory, MemorySettings, memory_tools
@@ -112,10 +113,11 @@ async def make_bot(
         schedule: ScheduleSettings | None = None,
         clock: Callable[[], datetime] | None = None,
         memory: MemorySettings | None = None,
+        approvals: ApprovalSettings | None = None,
     ) -> Bot:
         """`schedule`: with a scheduler (its task tools given to the agent), on `clock`, with
         no timers: firings happen when the test calls `scheduler.fire_due()`. `memory`: with
-        the notes tools and `/memory`."""
+        the notes tools and `/memory`. `approvals`: the tools it names ask first."""
         channel = channel or RecordingChannel()
         chosen = tools if tools is not None else [echo, *builtin_tools("UTC")]
         settings = TurnSettings(
@@ -140,6 +142,8 @@ async def make_bot(
         channels = {channel.platform: channel}
         runner = TurnRunner(used_store, model, channels, settings)
         runners.append(runner)
+        if approvals is not None:
+            runner.require_approvals(Approvals(used_store, channels, approvals))
         scheduler = None
         if schedule is not None:
             scheduler = Scheduler(

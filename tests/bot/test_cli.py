@@ -306,3 +306,15 @@ async def test_the_end_of_a_pipe_waits_for_its_answer(ollama: FakeOllama, tmp_pa
 
     assert code == 0, err
     assert "Answered before leaving." in out and "(stopped)" not in out
+
+
+async def test_an_unknown_tool_to_ask_about_is_refused_not_silently_unguarded(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """A typo in [approvals].ask would leave the risky tool running without asking."""
+    config = write_config(tmp_path, ollama.url)
+    config.write_text(config.read_text() + '\n[approvals]\nask = ["fetch_ur1"]\n')
+    code, _, err = await finish(await kaiwa("--config", str(config), "check"))
+    assert code == 2
+    assert err.startswith("kaiwa: configuration error: approvals.ask: unknown tool 'fetch_ur1';")
+    assert "fetch_url" in err and "remember" in err and "schedule_task" in err

@@ -10,6 +10,7 @@ from itertools import pairwise
 import pytest
 
 from channels.presses import payload
+from core.approvals import ApprovalSettings
 from core.channel import Button, Delivery, Frame, Outcome, Reply
 from core.schedule import ScheduleSettings, When
 from core.tools import ToolContext
@@ -328,6 +329,38 @@ async def test_a_scheduled_task_whose_place_is_gone_is_paused(platform: Platform
     stored = await platform.bot.store.task(task.id or 0)
     assert stored is not None and not stored.enabled
     assert "nothing could be posted in its place" in (stored.paused_reason or "")
+
+
+@pytest.mark.bot(approvals=ApprovalSettings(ask=["echo"]))
+async def test_an_approval_is_asked_with_buttons_and_only_the_asker_decides_once(
+    platform: Platform,
+) -> None:
+    """Bob's press on Ann's question changes nothing; Ann's Allow once runs the tool; the
+    question then says who decided, its buttons gone; a late answer is told it is settled."""
+    ollama = platform.bot.ollama
+    ollama.script(ToolCall("echo", {"word": "hello"}))
+    ollama.script(Text("Done."))
+    allow = payload(Button("Allow once", "/approve 1"))
+
+    platform.say(ANN, "say hello")
+    await platform.wait_until(lambda: allow in platform.buttons(ANN), "the question")
+    assert platform.buttons(ANN) == [allow, "kaiwa:approve 1 here", "kaiwa:deny 1"]
+    platform.press(ANN, allow, user=BOB)
+    await platform.wait_until(lambda: platform.told_privately(ANN), "Bob's answer")
+    assert platform.told_privately(ANN)[0].startswith("Only the person who asked (")
+    assert (await platform.bot.store.approval(1)).status == "pending"  # type: ignore[union-attr]
+
+    platform.press(ANN, allow)
+    await platform.wait_until(lambda: "Done." in platform.shown(ANN), "the reply")
+    question = platform.shown(ANN)[0]
+    assert question.startswith("echo(hello): ") and question.endswith(" allowed it once.")
+    assert platform.buttons(ANN) == []
+    assert platform.told_privately(ANN)[1] == "You allowed it once: echo(hello)."
+    platform.say(ANN, "/deny 1")
+    await platform.wait_until(lambda: len(platform.shown(ANN)) == 3, "the late answer")
+    assert platform.shown(ANN)[2] == "Question 1 is already settled (allowed)."
+    tool = [m for m in ollama.requests[1]["messages"] if m["role"] == "tool"]
+    assert [m["content"] for m in tool] == ["echo hello"]
 
 
 async def test_commands_work_while_a_reply_streams(platform: Platform) -> None:

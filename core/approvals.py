@@ -1,0 +1,226 @@
+"""Approvals: a risky tool runs only once a person in the conversation says yes.
+
+A tool named in `[approvals].ask` is wrapped (`Approvals.guard`) so that, in a person's turn,
+calling it first posts a question in the conversation: the call in short (`fetch_url(https://…)`)
+with three buttons, each a command that also works typed: Allow once (`/approve 7`), Allow here
+(`/approve 7 here`: the tool needs no more asking in this conversation, until a restart) and Deny
+(`/deny 7`). The turn waits on a future; nothing else does: the wait holds no lock other
+conversations need, and commands (`/approve`, `/stop`) never wait behind a turn.
+
+Only the person whose message started the turn, or one of `[approvals].approvers`, may answer;
+anyone else is told why, and nothing changes. The first valid answer wins, in the store too
+(`Store.decide_approval` settles a row only while it is `pending`), so a second click is told
+what was decided. The question is then edited to say who decided what, its buttons gone.
+
+A question nobody answers in `timeout_seconds` is a denial. `/stop` cancels the turn, and with it
+the wait: the approval ends `cancelled`, at once. Each question is a stored row, so a restart
+finds the ones a dead process left `pending`, marks them `expired` and edits them to say so.
+
+Unattended turns (scheduled firings, sub-agents, wake turns) never ask: the call is refused at
+once with a result that tells the model a person must approve it.
+"""
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from core.channel import Button, Channel
+from core.errors import KaiwaError
+from core.store import Store
+from core.tables import Approval, utc_now
+from core.tools import Tool, ToolContext, calling
+
+logger = logging.getLogger(__name__)
+
+CALL_CHARS = 120
+"""Characters of a call shown in its question."""
+DECISIONS = {
+    "allowed": "allowed it once",
+    "allowed_here": "allowed it for this conversation",
+    "denied": "denied it",
+}
+
+
+class ApprovalDenied(KaiwaError):
+    """A call that did not get its approval, in words for the model."""
+
+
+@dataclass(frozen=True)
+class ApprovalSettings:
+    ask: list[str] = field(default_factory=list)
+    """Tools that run only once a person approves each call."""
+    approvers: list[str] = field(default_factory=list)
+    """People (platform ids) who may answer any question, besides the person who asked."""
+    timeout_seconds: float = 300.0
+
+
+@dataclass
+class _Question:
+    approval: Approval
+    decided: "asyncio.Future[str]" = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+def summarize(tool: str, arguments: Mapping[str, Any]) -> str:
+    """`fetch_url(https://example.com/…)`: the call as a person reads it, in one short line."""
+    shown = ", ".join(str(value) for value in arguments.values())
+    if len(shown) > CALL_CHARS:
+        shown = shown[: CALL_CHARS - 1] + "…"
+    return f"{tool}({shown})"
+
+
+class Approvals:
+    def __init__(
+        self, store: Store, channels: Mapping[str, Channel], settings: ApprovalSettings
+    ) -> None:
+        self._store = store
+        self._channels = channels
+        self.settings = settings
+        self._questions: dict[int, _Question] = {}
+        self._granted: set[tuple[str, str]] = set()
+        """(place, tool) allowed for the rest of a conversation."""
+
+    def guard(self, tools: Mapping[str, Tool], tool_timeout: float) -> dict[str, Tool]:
+        """`tools`, those needing approval wrapped so that each call asks first (its time limit
+        the tool's own, `tool_timeout` unless it has one, plus the wait for an answer)."""
+        return {
+            name: self._guarded(each, tool_timeout) if name in self.settings.ask else each
+            for name, each in tools.items()
+        }
+
+    def _guarded(self, inner: Tool, tool_timeout: float) -> Tool:
+        async def asked_first(**arguments: Any) -> str:
+            await self.approve(inner.name, arguments)
+            return await inner.invoke(arguments)
+
+        limit = (inner.timeout or tool_timeout) + self.settings.timeout_seconds
+        return replace(inner, function=asked_first, read_only=False, timeout=limit)
+
+    async def approve(self, tool: str, arguments: Mapping[str, Any]) -> None:
+        """Return once a person allowed this call; `ApprovalDenied` otherwise."""
+        context = calling()
+        call = summarize(tool, arguments)
+        if context is None or not context.attended:
+            raise ApprovalDenied(
+                f"{call} needs a person's approval, and nobody is here to give it (this is an "
+                "unattended run); tell the person what you would do instead"
+            )
+        if (context.place, tool) in self._granted:
+            return
+        question = await self._ask(context, tool, call)
+        assert question.approval.id is not None
+        try:
+            async with asyncio.timeout(self.settings.timeout_seconds):
+                decision = await question.decided
+        except TimeoutError:
+            decision = "timed_out"
+            await self._settle(question, decision, None, "")
+        except asyncio.CancelledError:
+            await asyncio.shield(self._settle(question, "cancelled", None, ""))
+            raise
+        finally:
+            self._questions.pop(question.approval.id, None)
+        if decision == "allowed_here":
+            self._granted.add((context.place, tool))
+        if decision not in ("allowed", "allowed_here"):
+            why = "nobody answered in time" if decision == "timed_out" else "the person denied it"
+            raise ApprovalDenied(f"{call} was not run: {why}")
+
+    async def _ask(self, context: ToolContext, tool: str, call: str) -> _Question:
+        approval = await self._store.add_approval(
+            {
+                "place": context.place,
+                "tool": tool,
+                "call": call,
+                "asked_of": context.person or "",
+                "asked_of_name": context.person_name or context.person or "",
+                "status": "pending",
+                "created_at": utc_now(),
+            }
+        )
+        assert approval.id is not None
+        question = _Question(approval)
+        self._questions[approval.id] = question
+        key = approval.id
+        buttons = [
+            Button("Allow once", f"/approve {key}"),
+            Button("Allow here", f"/approve {key} here"),
+            Button("Deny", f"/deny {key}"),
+        ]
+        text = (
+            f"May I run {call}? (/approve {key}, /approve {key} here for this conversation, or "
+            f"/deny {key})"
+        )
+        posted = await self._channels[context.platform].notify(context.place, text, buttons)
+        if posted:
+            question.approval = approval.model_copy(update={"message_id": posted[-1]})
+            await self._store.update_approval(key, {"message_id": posted[-1]})
+        logger.info("approval %d asked in %s: %s", key, context.place, call)
+        return question
+
+    async def answer(self, approval_id: int, person: str, name: str, decision: str) -> str:
+        """An answer (`allowed`, `allowed_here` or `denied`) from `person`, shown as `name`;
+        what to tell them."""
+        question = self._questions.get(approval_id)
+        stored = question.approval if question else await self._store.approval(approval_id)
+        if stored is None:
+            return f"There is no question {approval_id}."
+        if person != stored.asked_of and person not in self.settings.approvers:
+            return (
+                f"Only the person who asked ({stored.asked_of_name}) or an approver can answer "
+                f"question {approval_id}."
+            )
+        if question is None or question.decided.done():
+            return f"Question {approval_id} is already settled ({stored.status})."
+        if not await self._settle(question, decision, person, name):
+            return f"Question {approval_id} is already settled."
+        question.decided.set_result(decision)
+        return f"You {DECISIONS[decision]}: {stored.call}."
+
+    async def _settle(
+        self, question: _Question, status: str, person: str | None, name: str
+    ) -> bool:
+        """Store the decision (the first one wins) and edit the question to show it, naming
+        who decided (`name`)."""
+        approval = question.approval
+        assert approval.id is not None
+        values = {"status": status, "decided_by": person, "decided_at": utc_now()}
+        if not await self._store.decide_approval(approval.id, values):
+            return False
+        question.approval = approval.model_copy(update=values)
+        logger.info("approval %d in %s: %s by %s", approval.id, approval.place, status, person)
+        await self._show(approval, _outcome(approval.call, status, name))
+        return True
+
+    async def _show(self, approval: Approval, text: str) -> None:
+        channel = self._channels.get(approval.place.split(":", 1)[0])
+        if channel is None or approval.message_id is None:
+            return
+        try:
+            await channel.edit_notice(approval.place, approval.message_id, text)
+        except Exception as exc:
+            logger.warning("approval %s: the question could not be edited: %s", approval.id, exc)
+
+    async def expire_leftovers(self) -> int:
+        """Questions a dead process left pending: marked expired, and edited to say so."""
+        left = await self._store.pending_approvals()
+        for approval in left:
+            assert approval.id is not None
+            if await self._store.decide_approval(
+                approval.id, {"status": "expired", "decided_at": utc_now()}
+            ):
+                await self._show(approval, _outcome(approval.call, "expired", ""))
+        return len(left)
+
+
+def _outcome(call: str, status: str, name: str) -> str:
+    if status in DECISIONS:
+        return f"{call}: {name} {DECISIONS[status]}."
+    if status == "timed_out":
+        return f"{call}: not run; nobody answered in time."
+    if status == "cancelled":
+        return f"{call}: not run; the reply was stopped."
+    return f"{call}: not run; Kaiwa restarted before anyone answered."
