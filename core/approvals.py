@@ -100,17 +100,31 @@ class Approvals:
         return replace(inner, function=asked_first, read_only=False, timeout=limit)
 
     async def approve(self, tool: str, arguments: Mapping[str, Any]) -> None:
-        """Return once a person allowed this call; `ApprovalDenied` otherwise."""
+        """Return once a person allowed this call; `ApprovalDenied` otherwise. A sub-agent's
+        run has its delegation's grant (`ToolContext.granted`) and is never asked."""
         context = calling()
         call = summarize(tool, arguments)
+        if context is not None and tool in context.granted:
+            return
         if context is None or not context.attended:
             raise ApprovalDenied(
                 f"{call} needs a person's approval, and nobody is here to give it (this is an "
                 "unattended run); tell the person what you would do instead"
             )
+        await self._decided(context, tool, call, f"May I run {call}?")
+
+    async def grant(self, what: str) -> None:
+        """Ask once for a delegation (`what`: "find-apples (researcher) to use fetch_url"),
+        before its sub-agents start; `ApprovalDenied` unless a person allows it."""
+        context = calling()
+        if context is None or not context.attended:
+            raise ApprovalDenied(f"letting {what} needs a person's approval, and nobody is here")
+        await self._decided(context, "delegate", what, f"May I let {what}?")
+
+    async def _decided(self, context: ToolContext, tool: str, call: str, asking: str) -> None:
         if (context.place, tool) in self._granted:
             return
-        question = await self._ask(context, tool, call)
+        question = await self._ask(context, tool, call, asking)
         assert question.approval.id is not None
         try:
             async with asyncio.timeout(self.settings.timeout_seconds):
@@ -127,9 +141,9 @@ class Approvals:
             self._granted.add((context.place, tool))
         if decision not in ("allowed", "allowed_here"):
             why = "nobody answered in time" if decision == "timed_out" else "the person denied it"
-            raise ApprovalDenied(f"{call} was not run: {why}")
+            raise ApprovalDenied(f"{call} was not allowed: {why}")
 
-    async def _ask(self, context: ToolContext, tool: str, call: str) -> _Question:
+    async def _ask(self, context: ToolContext, tool: str, call: str, asking: str) -> _Question:
         approval = await self._store.add_approval(
             {
                 "place": context.place,
@@ -151,8 +165,7 @@ class Approvals:
             Button("Deny", f"/deny {key}"),
         ]
         text = (
-            f"May I run {call}? (/approve {key}, /approve {key} here for this conversation, or "
-            f"/deny {key})"
+            f"{asking} (/approve {key}, /approve {key} here for this conversation, or /deny {key})"
         )
         posted = await self._channels[context.platform].notify(context.place, text, buttons)
         if posted:

@@ -156,6 +156,8 @@ class Run:
 
     route: str = ""
     """Why routing chose its model ('' when it runs its profile's)."""
+    granted: frozenset[str] = frozenset()
+    """Tools needing approval that a person allowed for this run when it was delegated."""
 
     def label(self) -> str:
         return f"{self.name} ({self.key}, {self.profile})"
@@ -345,6 +347,7 @@ class Subagents:
             refusal = self._refusal(place, parent, tasks)
             if refusal:
                 return refusal
+            await self._granted(parent, tasks)
             conversation_id, turn_id = await started()
             launched = await self._launch(place, platform, conversation_id, turn_id, tasks, parent)
             lines = [f"- {run.label()} on {run.model}{_why(run)}: {run.task}" for run in launched]
@@ -387,6 +390,24 @@ class Subagents:
                 "required": ["tasks"],
             },
         )
+
+    async def _granted(self, delegator: Any, tasks: list[dict[str, Any]]) -> None:
+        """Ask once, before any starts, for the tools needing approval that these tasks would
+        have (each task's `granted`, then); `ApprovalDenied` when the person says no, and
+        nothing is launched."""
+        if self.approvals is None:
+            for task in tasks:
+                task.pop("granted", None)  # nothing needs approval: no grant to carry
+            return
+        needs = []
+        for task in tasks:
+            tools = set(task.get("tools") or self._profile(delegator, task["profile"]).tools)
+            task["granted"] = sorted(tools & set(self.approvals.settings.ask))
+            if task["granted"]:
+                who = f"{task.get('name') or _excerpt(task['instruction'])} ({task['profile']})"
+                needs.append(f"{who} use {', '.join(task['granted'])}")
+        if needs:
+            await self.approvals.grant("; ".join(needs))
 
     def _wait_tool(self, place: str, claims: Claims) -> Tool:
         @tool()
@@ -494,6 +515,8 @@ class Subagents:
         for spec, task, why, (row_id, key) in zip(specs, tasks, routes, stored, strict=True):
             run = Run(row_id, key, spec.name, spec.profile, spec.model, spec.task, place, platform)
             run.conversation_id, run.parent, run.route = conversation_id, parent, why
+            inherited = parent.granted if parent is not None else frozenset(task.get("granted", ()))
+            run.granted = inherited
             chosen = self._profile(delegator, spec.profile)
             profile = dataclasses.replace(chosen, model=spec.model)
             allowed = set(task.get("tools") or profile.tools)
@@ -588,7 +611,8 @@ class Subagents:
                 Compactor(self._model, profile.model, context, Calibration(), _no_record),
                 inbox=lambda: sink.noted(_read(run)),
             )
-            with called_from(ToolContext(run.platform, run.place, None, "subagent")):
+            unattended = ToolContext(run.platform, run.place, None, "subagent", granted=run.granted)
+            with called_from(unattended):
                 result = await loop.run(messages)
             run.status, run.report = "done", result.answer.text
         except asyncio.CancelledError:
@@ -801,3 +825,8 @@ async def _never() -> tuple[int, int]:
 
 def _no_record(compaction: Compaction) -> None:
     """A run's compactions change only its own context; its transcript keeps every message."""
+
+
+def _excerpt(instruction: str) -> str:
+    """The start of a task, as a question names it."""
+    return instruction if len(instruction) <= 40 else instruction[:39] + "…"

@@ -55,6 +55,8 @@ class ToolContext:
     provenance: str
     person_name: str = ""
     """How the person is shown (their name where the platform gives one, else their id)."""
+    granted: frozenset[str] = frozenset()
+    """Tools a person approved beforehand for this whole run (a sub-agent's delegation)."""
 
     @property
     def attended(self) -> bool:

@@ -10,9 +10,11 @@ from core.approvals import Approvals, ApprovalSettings
 from core.channel import Button
 from core.schedule import ScheduleSettings, When
 from core.store import Store
+from core.subagents import SubagentSettings
 from core.tools import ToolContext
+from core.turns import AgentProfile
 from tests.fakes.ollama import Text, ToolCall
-from tests.harness import PLACE, Bot, BotFactory
+from tests.harness import PLACE, Bot, BotFactory, echo
 
 ASK_ECHO = ApprovalSettings(ask=["echo"], approvers=["carol"])
 QUESTION = "May I run echo(hello)? (/approve 1, /approve 1 here for this conversation, or /deny 1)"
@@ -62,7 +64,7 @@ async def test_denied_the_model_is_told_and_goes_on(make_bot: BotFactory) -> Non
     await bot.channel.finished()
 
     assert results(bot) == [
-        "'echo' failed: ApprovalDenied: echo(hello) was not run: the person denied it"
+        "'echo' failed: ApprovalDenied: echo(hello) was not allowed: the person denied it"
     ]
     assert bot.channel.notices_in(PLACE)[0] == "echo(hello): ann denied it."
 
@@ -111,7 +113,7 @@ async def test_a_question_nobody_answers_is_a_denial(make_bot: BotFactory) -> No
     await bot.channel.finished()
 
     assert results(bot) == [
-        "'echo' failed: ApprovalDenied: echo(hello) was not run: nobody answered in time"
+        "'echo' failed: ApprovalDenied: echo(hello) was not allowed: nobody answered in time"
     ]
     assert bot.channel.notices_in(PLACE) == ["echo(hello): not run; nobody answered in time."]
     assert (await bot.store.approval(1)).status == "timed_out"  # type: ignore[union-attr]
@@ -163,3 +165,69 @@ async def test_an_unattended_run_is_refused_at_once(make_bot: BotFactory) -> Non
     (refused,) = results(bot)
     assert "echo(hello) needs a person's approval, and nobody is here to give it" in refused
     assert bot.channel.notices_in(PLACE) == [], "nobody was asked"
+
+
+RESEARCHER = AgentProfile(
+    name="researcher",
+    model="test-model",
+    system_prompt="You research one thing.",
+    tools={"echo": echo},
+    description="Looks one thing up.",
+)
+
+
+def delegating(make_bot: BotFactory) -> Bot:
+    bot = make_bot(
+        approvals=ASK_ECHO,
+        agents={"researcher": RESEARCHER},
+        delegates_to=("researcher",),
+        subagents=SubagentSettings(status_message=False),
+    )
+    task = {"profile": "researcher", "instruction": "find apples", "name": "apples"}
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task]}))
+    bot.ollama.script(Text("A helper is on it."))
+    return bot
+
+
+async def test_a_delegation_is_approved_once_before_the_sub_agent_starts(
+    make_bot: BotFactory,
+) -> None:
+    """The sub-agent then uses the tool without asking anyone mid-run."""
+    bot = delegating(make_bot)
+    bot.ollama.script_for("apples", ToolCall("echo", {"word": "gala"}))
+    bot.ollama.script_for("apples", ToolCall("report", {"summary": "Gala."}))
+    bot.ollama.default = [Text("Apples: Gala.")]
+    await bot.send("what fruit is there?", author="ann")
+    await bot.channel.wait_until(
+        lambda: any(
+            n.startswith("May I let apples (researcher) use echo?")
+            for n in bot.channel.notices_in(PLACE)
+        ),
+        "the question",
+    )
+    await bot.send("/approve 1", author="ann")
+    await bot.channel.finished()
+    run = bot.runner.subagents.find(PLACE, "a1")
+    assert run is not None
+    await run.finished.wait()
+
+    assert run.status == "done" and run.report == "Gala."
+    asked = [n for n in bot.channel.notices_in(PLACE) if "May I" in n]
+    assert asked == [], "one question, for the delegation, then edited"
+    transcript = await bot.store.transcript(run.row_id)
+    assert next(m.text for m in transcript if m.role == "tool") == "echo gala"
+
+
+async def test_a_denied_delegation_launches_nothing(make_bot: BotFactory) -> None:
+    bot = delegating(make_bot)
+    await bot.send("find apples", author="ann")
+    await bot.channel.wait_until(lambda: bot.channel.notices_in(PLACE), "the question")
+    await bot.send("/deny 1", author="ann")
+    await bot.channel.finished()
+
+    (refused,) = results(bot)
+    assert refused == (
+        "'delegate' failed: ApprovalDenied: apples (researcher) use echo was not allowed: the "
+        "person denied it"
+    )
+    assert bot.runner.subagents.live(PLACE) == []
