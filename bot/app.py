@@ -25,9 +25,11 @@ from bot.checks import find_problems
 from bot.config import Config
 from bot.logs import PRINTED, setup_logging
 from bot.supervision import Supervised
+from channels.places import space_of
 from channels.settings import DiscordSettings, SlackSettings
 from channels.terminal import TerminalChannel, stdin_lines
 from core.approvals import Approvals
+from core.archive import archive_tools
 from core.channel import Channel
 from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.errors import ConfigError, ModelError, StoreError
@@ -59,10 +61,23 @@ TURN_ITERATIONS, RUN_ITERATIONS = 10, 30
 """Model calls an agent gets when its max_iterations is 0: in a conversation's turn, in a run."""
 
 
-def turn_settings(config: Config) -> TurnSettings:
+def turn_settings(config: Config, store: Store | None = None) -> TurnSettings:
     """Every agent's profile with its tools (an unknown tool name fails here), the default one,
-    and the agent each channel gives a new conversation."""
-    registry = ToolRegistry([*builtin_tools(config.assistant.timezone), fetch_tool(config.fetch)])
+    and the agent each channel gives a new conversation. `store`: the one the tools that read
+    conversations use (None to check the config only)."""
+
+    def opened() -> Store:
+        if store is None:
+            raise RuntimeError("the store is not open")  # only a config check builds these
+        return store
+
+    registry = ToolRegistry(
+        [
+            *builtin_tools(config.assistant.timezone),
+            fetch_tool(config.fetch),
+            *archive_tools(opened, space_of),
+        ]
+    )
     known = {*registry.names(), *MEMORY_TOOLS, *TASK_TOOLS}
     for name in config.approvals.ask:
         if name not in known:
@@ -193,7 +208,7 @@ async def run(
     """`kaiwa run`: check, start the channels, serve until input ends or a stop is requested.
     Returns the exit status: 0, or 1 when a problem stopped Kaiwa."""
     setup_logging(config.logging, config.data_dir, config.secrets(), debug=debug)
-    settings = turn_settings(config)
+    turn_settings(config)  # a config error stops Kaiwa before anything starts
     model = ModelClient(config.ollama)
     adapters = _adapters(config, terminal)
     try:
@@ -204,6 +219,7 @@ async def run(
             sys.stderr.write("".join(f"kaiwa: cannot start: {p}\n" for p in problems))
             return 1
         store = await Store.open(config.database_url(), config.storage.store_settings())
+        settings = turn_settings(config, store)
         try:
             described = await store.describe()
             left = await leftovers(store)  # before anything of this process runs

@@ -81,7 +81,14 @@ class AgentConfig:
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     think: bool = False
     images: bool = False
-    tools: list[str] = field(default_factory=lambda: ["current_time", "fetch_url"])
+    tools: list[str] = field(
+        default_factory=lambda: [
+            "current_time",
+            "fetch_url",
+            "search_conversations",
+            "read_conversation",
+        ]
+    )
     max_iterations: int = 0
     """Most model calls: 0 means 10 for a conversation's turn, 30 for a sub-agent's run (which
     `[subagents].max_iterations` caps either way)."""

@@ -36,6 +36,22 @@ def platform_of(key: str) -> str:
     return key.partition(SEPARATOR)[0]
 
 
+def space_of(key: str) -> str:
+    """The conversations a person in `key` can see, for the tools that read stored ones: a
+    prefix of places ending in ':' (a Discord server's threads, a Slack channel's threads, the
+    terminal's sessions), or the place itself (a DM, a Telegram chat)."""
+    platform = platform_of(key)
+    if platform == DiscordPlace.platform:
+        guild = DiscordPlace.of(key).guild
+        return key if guild == DiscordPlace.DM else SEPARATOR.join([platform, guild, ""])
+    if platform == SlackPlace.platform:
+        where = SlackPlace.of(key)
+        return SEPARATOR.join([platform, where.team, where.channel, ""])
+    if platform == TerminalPlace.platform:
+        return platform + SEPARATOR
+    return key
+
+
 @dataclass(frozen=True)
 class Place:
     """A place's parts, as the fields of a subclass (each `int` or `str`), in key order."""

@@ -816,6 +816,44 @@ class Store:
 
         return self._call(run, autocommit=True)
 
+    # -- reading conversations -----------------------------------------------------------------
+
+    def search_messages(
+        self, space: str, words: Sequence[str], limit: int
+    ) -> Awaitable[list[tuple[Message, str]]]:
+        """The newest messages (a person's or an answer) of conversations in `space` holding
+        every one of `words`, case-insensitively, each with its conversation's place. `space`
+        is a place, or a prefix of places ending in ':'."""
+        messages = Message.__table__  # type: ignore[attr-defined]
+        conversations = Conversation.__table__  # type: ignore[attr-defined]
+        statement = (
+            select(messages, conversations.c.place.label("conversation_place"))
+            .join(conversations, conversations.c.id == messages.c.conversation_id)
+            .where(_in_space(conversations.c.place, space))
+            .where(messages.c.role.in_(("user", "assistant")))
+            .where(*(messages.c.text.ilike(f"%{_escaped(word)}%", escape="\\") for word in words))
+            .order_by(messages.c.id.desc())
+            .limit(limit)
+        )
+
+        def run(connection: Connection) -> list[tuple[Message, str]]:
+            found = []
+            for row in connection.execute(statement):
+                values = dict(row._mapping)
+                place = values.pop("conversation_place")
+                found.append((Message.model_construct(**values), place))
+            return found
+
+        return self._call(run, autocommit=True)
+
+    def conversation(self, conversation_id: int) -> Awaitable[Conversation | None]:
+        def run(connection: Connection) -> Conversation | None:
+            statement = _by_id_statement(Conversation)
+            found = _rows(connection, Conversation, statement, row_id=conversation_id)
+            return found[0] if found else None
+
+        return self._call(run, autocommit=True)
+
     # -- notes ---------------------------------------------------------------------------------
 
     def add_note(self, values: dict[str, Any]) -> Awaitable[Note]:
@@ -1139,6 +1177,18 @@ def _slot_claim_statement(dialect: str) -> Executable:
         .on_conflict_do_nothing(index_elements=["task_id", "fire_time"])
         .returning(table.c.id)
     )
+
+
+def _in_space(place: Any, space: str) -> Any:
+    """`place` is `space` (a place), or begins with it (a prefix ending in ':')."""
+    if space.endswith(":"):
+        return place.startswith(space, autoescape=True)
+    return place == space
+
+
+def _escaped(word: str) -> str:
+    """`word` for a LIKE pattern, its wildcards taken literally."""
+    return word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 @cache

@@ -124,7 +124,7 @@ async def test_an_unknown_tool_in_config_lists_the_valid_ones(
     assert code == 2
     assert err == (
         "kaiwa: configuration error: agents.assistant.tools: unknown tool 'web_search'; "
-        "valid tools: current_time, fetch_url\n"
+        "valid tools: current_time, fetch_url, read_conversation, search_conversations\n"
     )
 
 

@@ -13,6 +13,7 @@ from channels.places import (
     TelegramPlace,
     TerminalPlace,
     platform_of,
+    space_of,
 )
 
 
@@ -64,3 +65,11 @@ def test_a_key_of_another_shape_is_refused_naming_the_form(kind: type[Place], ke
 def test_a_place_whose_key_would_not_read_back_cannot_be_made() -> None:
     with pytest.raises(PlaceError, match="cannot make a slack place"):
         SlackPlace("T:1", "C1", "top")
+
+
+def test_a_space_is_what_a_person_in_a_place_can_see() -> None:
+    assert space_of("discord:77:123") == "discord:77:"
+    assert space_of("discord:dm:555") == "discord:dm:555"
+    assert space_of("slack:T1:C1:1700000000.000100") == "slack:T1:C1:"
+    assert space_of("telegram:42") == "telegram:42"
+    assert space_of("terminal:local") == "terminal:"

@@ -360,3 +360,18 @@ async def test_a_task_slot_is_claimed_once_however_many_claim_it(any_store: Stor
     assert claimed.outcome == "running"
     await any_store.update_task(task.id, {"cancelled_at": slot})
     assert await any_store.tasks() == []
+
+
+async def test_messages_are_searched_within_a_space_with_wildcards_taken_literally(
+    any_store: Store,
+) -> None:
+    for place, said in [
+        ("slack:T1:C1:1.1", "ship 100% on Friday"),
+        ("slack:T1:C10:2.2", "ship 100% on Friday too"),
+        ("slack:T1:C1:3.3", "ship it on Monday"),
+    ]:
+        await any_store.start_turn(TurnStart(place, "assistant", "S.", "person", said))
+
+    found = await any_store.search_messages("slack:T1:C1:", ["SHIP", "100%"], 10)
+    assert [(m.text, place) for m, place in found] == [("ship 100% on Friday", "slack:T1:C1:1.1")]
+    assert await any_store.search_messages("slack:T1:C1:", ["_"], 10) == []
