@@ -34,6 +34,7 @@ from core.channel import Channel
 from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.errors import ConfigError, ModelError, StoreError
 from core.fetch import fetch_tool
+from core.mcp_servers import McpServers
 from core.memory import MEMORY_TOOLS, Memory, memory_tools
 from core.model import ModelClient
 from core.recovery import Leftovers, Recovery, leftovers
@@ -78,18 +79,27 @@ def turn_settings(config: Config, store: Store | None = None) -> TurnSettings:
             *archive_tools(opened, space_of),
         ]
     )
-    known = {*registry.names(), *MEMORY_TOOLS, *TASK_TOOLS}
+    servers = {*config.mcp, *(each.prefix for each in config.mcp.values() if each.prefix)}
+    known = {*registry.names(), *MEMORY_TOOLS, *TASK_TOOLS, *servers}
     for name in config.approvals.ask:
-        if name not in known:
+        if name not in known and name.partition(".")[0] not in servers:
             raise ConfigError(
                 f"approvals.ask: unknown tool '{name}'; valid tools: {', '.join(sorted(known))}"
             )
+
+    def served(name: str) -> bool:
+        return name in servers or name.partition(".")[0] in servers
+
     profiles = {
         name: AgentProfile(
             name=name,
             model=agent.model,
             system_prompt=agent.system_prompt,
-            tools=registry.select(agent.tools, config_key=f"agents.{name}.tools"),
+            tools=registry.select(
+                [each for each in agent.tools if not served(each)],
+                config_key=f"agents.{name}.tools",
+            ),
+            mcp=tuple(each for each in agent.tools if served(each)),
             think=agent.think,
             max_iterations=agent.max_iterations or TURN_ITERATIONS,
             run_iterations=agent.max_iterations or RUN_ITERATIONS,
@@ -144,7 +154,18 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
         output.write(f"ok: channels ready: {names or 'none'}\n")
         output.writelines(f"context window: {line}\n" for line in windows)
         output.write(f"tasks: {await _tasks_line(config)}\n")
+        output.writelines(f"mcp: {line}\n" for line in await _mcp_lines(config))
     return 1 if problems else 0
+
+
+async def _mcp_lines(config: Config) -> list[str]:
+    """Each MCP server with its tools, or why it does not start."""
+    servers = McpServers(config.mcp)
+    await servers.start()
+    try:
+        return servers.describe()
+    finally:
+        await servers.close()
 
 
 async def _tasks_line(config: Config) -> str:
@@ -250,6 +271,8 @@ async def _serve(
     only then let the caller close the channels."""
     channels = {adapter.platform: adapter for adapter in adapters}
     runner = TurnRunner(store, model, channels, settings)
+    runner.mcp = McpServers(config.mcp)
+    await runner.mcp.start()  # before any turn: its tools are there from the first message
     if config.approvals.ask:
         runner.require_approvals(Approvals(store, channels, config.approvals))
     scheduler = _scheduler(config, store, runner, channels)
@@ -307,6 +330,7 @@ async def _serve(
         if scheduler is not None:
             scheduler.stop()  # no firing into a closing runner
         stopped = await runner.shutdown()
+        await runner.mcp.close()
         if scheduler is not None:
             await scheduler.settled()  # the firings the shutdown stopped store how they ended
         logger.info(

@@ -46,6 +46,7 @@ from core.approvals import ApprovalSettings
 from core.context import ContextPolicy
 from core.errors import ConfigError
 from core.fetch import FetchSettings
+from core.mcp_servers import McpServerSettings
 from core.memory import SCOPES, MemorySettings
 from core.model import ModelSettings
 from core.schedule import ScheduleSettings
@@ -150,6 +151,7 @@ class Config:
     memory: MemorySettings = field(default_factory=MemorySettings)
     fetch: FetchSettings = field(default_factory=FetchSettings)
     approvals: ApprovalSettings = field(default_factory=ApprovalSettings)
+    mcp: dict[str, McpServerSettings] = field(default_factory=dict)
     storage: StorageConfig = field(default_factory=StorageConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     channels: ChannelsConfig = field(default_factory=ChannelsConfig)
@@ -442,6 +444,12 @@ def _checked(config: Config) -> Config:
             "'subagents.routing' is enabled: set its small, medium and large models (or turn it "
             "off with enabled = false)"
         )
+    for name, server in config.mcp.items():
+        if bool(server.command) == bool(server.url):
+            raise ConfigError(
+                f"'mcp.{name}' needs either command (a program speaking MCP on stdio) or url "
+                "(a streamable-HTTP endpoint), not both"
+            )
     if config.memory.scope not in SCOPES:
         raise ConfigError(
             f"'memory.scope' must be one of {', '.join(SCOPES)}, got {config.memory.scope!r}"

@@ -87,9 +87,13 @@ class Approvals:
         """`tools`, those needing approval wrapped so that each call asks first (its time limit
         the tool's own, `tool_timeout` unless it has one, plus the wait for an answer)."""
         return {
-            name: self._guarded(each, tool_timeout) if name in self.settings.ask else each
+            name: self._guarded(each, tool_timeout) if self.asks(name) else each
             for name, each in tools.items()
         }
+
+    def asks(self, tool: str) -> bool:
+        """Whether `tool` needs a yes: named in `ask`, or its MCP server is (`files.write`)."""
+        return tool in self.settings.ask or tool.partition(".")[0] in self.settings.ask
 
     def _guarded(self, inner: Tool, tool_timeout: float) -> Tool:
         async def asked_first(**arguments: Any) -> str:

@@ -402,7 +402,7 @@ class Subagents:
         needs = []
         for task in tasks:
             tools = set(task.get("tools") or self._profile(delegator, task["profile"]).tools)
-            task["granted"] = sorted(tools & set(self.approvals.settings.ask))
+            task["granted"] = sorted(name for name in tools if self.approvals.asks(name))
             if task["granted"]:
                 who = f"{task.get('name') or _excerpt(task['instruction'])} ({task['profile']})"
                 needs.append(f"{who} use {', '.join(task['granted'])}")

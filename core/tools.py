@@ -239,9 +239,13 @@ def argument_problems(tool: Tool, arguments: dict[str, Any]) -> list[str]:
 def _matches(schema: dict[str, Any], value: Any) -> bool:
     if "enum" in schema:
         return value in schema["enum"]
-    kind = schema["type"]
+    kind = schema.get("type")
+    # A schema this check does not model (an MCP server's anyOf, null): the tool judges.
+    if kind not in ("array", "object", "number", "integer", "string", "boolean"):
+        return True
     if kind == "array":
-        return isinstance(value, list) and all(_matches(schema["items"], item) for item in value)
+        items = schema.get("items", {})
+        return isinstance(value, list) and all(_matches(items, item) for item in value)
     if kind == "object":
         properties = schema.get("properties", {})
         return (
@@ -259,9 +263,9 @@ def _matches(schema: dict[str, Any], value: Any) -> bool:
 def _describe(schema: dict[str, Any]) -> str:
     if "enum" in schema:
         return "one of " + ", ".join(repr(value) for value in schema["enum"])
-    if schema["type"] == "array":
-        return f"a list of {_describe(schema['items'])} values"
-    if schema["type"] == "object":
+    if schema.get("type") == "array":
+        return f"a list of {_describe(schema.get('items', {}))} values"
+    if schema.get("type") == "object":
         return f"an object with {', '.join(schema.get('required', ())) or 'any'} keys"
     return f"a {schema['type']}"
 

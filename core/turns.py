@@ -72,6 +72,7 @@ from core.errors import KaiwaError, ModelError, StoreError
 from core.history import MessageKey, history_entries
 from core.loop import AgentLoop, ChatModel, LoopSettings
 from core.lru import PinnedLRU
+from core.mcp_servers import McpServers
 from core.messages import Usage, UsageTotals
 from core.pump import FramePump
 from core.recording import TurnRecorder
@@ -112,6 +113,8 @@ class AgentProfile:
     """The agents this one may hand work to (`core.subagents`)."""
     run_iterations: int = 30
     """Most model calls in one of its runs as a sub-agent (`[subagents].max_iterations` caps it)."""
+    mcp: tuple[str, ...] = ()
+    """MCP servers (`files`) or their tools (`files.read_file`) it may use."""
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,8 @@ class TurnRunner:
         """Tools every conversation's agent has besides its own (the scheduled-task tools)."""
         self.approvals: Approvals | None = None
         """Asks before the tools that need a person's yes (`require_approvals`)."""
+        self.mcp: McpServers | None = None
+        """The MCP servers whose tools an agent's `mcp` names."""
 
     def require_approvals(self, approvals: Approvals) -> None:
         """Tools in `[approvals].ask` run in a person's turn only once they say yes, and never
@@ -477,7 +482,8 @@ class TurnRunner:
         tools = self.subagents.tools_for(
             request.place, request.platform, agent, lambda: _ids(starting), claims
         )
-        offered = {**agent.tools, **self.shared_tools, **tools}
+        served = self.mcp.tools_for(agent.mcp) if self.mcp is not None else {}
+        offered = {**agent.tools, **self.shared_tools, **served, **tools}
         if self.approvals is not None:
             offered = self.approvals.guard(offered, settings.tool_timeout)
         loop = AgentLoop(

@@ -114,6 +114,7 @@ async def make_bot(
         clock: Callable[[], datetime] | None = None,
         memory: MemorySettings | None = None,
         approvals: ApprovalSettings | None = None,
+        mcp: tuple[str, ...] = (),
     ) -> Bot:
         """`schedule`: with a scheduler (its task tools given to the agent), on `clock`, with
         no timers: firings happen when the test calls `scheduler.fire_due()`. `memory`: with
@@ -130,6 +131,7 @@ async def make_bot(
                 images=images,
                 context_window=context_window,
                 delegates_to=delegates_to,
+                mcp=mcp,
             ),
             agents=agents or {},
             subagents=subagents or SubagentSettings(),

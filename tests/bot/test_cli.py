@@ -3,6 +3,7 @@
 import asyncio
 import re
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,19 @@ async def test_an_unknown_tool_to_ask_about_is_refused_not_silently_unguarded(
     assert code == 2
     assert err.startswith("kaiwa: configuration error: approvals.ask: unknown tool 'fetch_ur1';")
     assert "fetch_url" in err and "remember" in err and "schedule_task" in err
+
+
+async def test_check_lists_each_mcp_server_with_its_tools_or_why_it_is_down(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, ollama.url)
+    config.write_text(
+        config.read_text()
+        + f'\n[mcp.fake]\ncommand = "{sys.executable}"\n'
+        + 'args = ["-m", "tests.fakes.mcp_server", "stdio"]\n'
+        + '\n[mcp.gone]\ncommand = "/nonexistent/mcp-server"\n'
+    )
+    code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
+    assert code == 0
+    assert "mcp: fake: 5 tools (fake.add, fake.crash, fake.fail, fake.picture, fake.shout)\n" in out
+    assert "mcp: gone: not running: " in out

@@ -231,3 +231,9 @@ async def test_a_denied_delegation_launches_nothing(make_bot: BotFactory) -> Non
         "person denied it"
     )
     assert bot.runner.subagents.live(PLACE) == []
+
+
+def test_a_whole_mcp_server_can_be_asked_about(store: Store) -> None:
+    approvals = Approvals(store, {}, ApprovalSettings(ask=["files", "fetch_url"]))
+    assert approvals.asks("files.write_file") and approvals.asks("fetch_url")
+    assert not approvals.asks("filesystem.read") and not approvals.asks("echo")
