@@ -271,8 +271,9 @@ async def _serve(
     only then let the caller close the channels."""
     channels = {adapter.platform: adapter for adapter in adapters}
     runner = TurnRunner(store, model, channels, settings)
-    runner.mcp = McpServers(config.mcp)
-    await runner.mcp.start()  # before any turn: its tools are there from the first message
+    servers = McpServers(config.mcp)
+    await servers.start()  # before any turn: its tools are there from the first message
+    runner.serve_mcp(servers)
     if config.approvals.ask:
         runner.require_approvals(Approvals(store, channels, config.approvals))
     scheduler = _scheduler(config, store, runner, channels)
@@ -330,7 +331,7 @@ async def _serve(
         if scheduler is not None:
             scheduler.stop()  # no firing into a closing runner
         stopped = await runner.shutdown()
-        await runner.mcp.close()
+        await servers.close()
         if scheduler is not None:
             await scheduler.settled()  # the firings the shutdown stopped store how they ended
         logger.info(

@@ -148,8 +148,10 @@ class Approvals:
             raise ApprovalDenied(f"{call} was not allowed: {why}")
 
     async def _ask(self, context: ToolContext, tool: str, call: str, asking: str) -> _Question:
+        turn_id = await context.turn() if context.turn is not None else None
         approval = await self._store.add_approval(
             {
+                "turn_id": turn_id,
                 "place": context.place,
                 "tool": tool,
                 "call": call,

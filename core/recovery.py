@@ -34,6 +34,7 @@ from core.turns import Provenance, TurnRequest, TurnRunner
 logger = logging.getLogger(__name__)
 
 INTERRUPTED = "Kaiwa stopped before this turn finished (the process ended without a shutdown)"
+WAITED = "Kaiwa stopped while this turn waited for a person to approve {call}"
 CUT_FIRING = (
     "A scheduled run here was cut short by a restart; its task runs again at its next time "
     "(/tasks lists it, /tasks run ID runs it now)."
@@ -52,6 +53,8 @@ class Leftovers:
     """Sub-agent runs left running (lost), with their places."""
     reports: list[tuple[str, SubagentRun]] = field(default_factory=list)
     """Sub-agent reports that never reached their conversations, with their places."""
+    waiting: dict[int, str] = field(default_factory=dict)
+    """The calls turns were waiting to have approved, by turn id."""
 
     def __bool__(self) -> bool:
         return bool(self.turns or self.messages or self.runs or self.reports)
@@ -64,6 +67,7 @@ async def leftovers(store: Store) -> Leftovers:
         await store.unanswered_messages(),
         await store.live_runs(),
         await store.undelivered_reports(),
+        {a.turn_id: a.call for a in await store.pending_approvals() if a.turn_id is not None},
     )
 
 
@@ -78,7 +82,10 @@ class Recovery:
         that is no longer configured gets its turns closed in the store, and a line in the log).
         Never raises: a leftover that cannot be resolved is logged and the rest go on."""
         for unfinished in left.turns:
-            await self._guarded(self._close(unfinished), f"closing turn {unfinished.turn.id}")
+            waited = left.waiting.get(unfinished.turn.id or 0)
+            why = WAITED.format(call=waited) if waited else INTERRUPTED
+            closing = self._store.close_interrupted(unfinished, why)
+            await self._guarded(closing, f"closing turn {unfinished.turn.id}")
         platforms = {_platform(each.place) for each in left.turns} | {
             each.platform for each in left.messages
         }
@@ -118,9 +125,6 @@ class Recovery:
             await self._guarded(self._tell(channel, unfinished), f"turn {unfinished.turn.id}")
         for message in messages:
             await self._guarded(self._answer(message), f"message {message.id}")
-
-    async def _close(self, unfinished: Unfinished) -> None:
-        await self._store.close_interrupted(unfinished, INTERRUPTED)
 
     async def _tell(self, channel: Channel, unfinished: Unfinished) -> None:
         """Show the person what became of the turn: the reply marked, the message run again,

@@ -47,6 +47,7 @@ from core.channel import Channel, Frame, Outcome
 from core.context import Calibration, Compaction, Compactor, ContextSettings
 from core.errors import KaiwaError, StoreError
 from core.loop import AgentLoop, ChatModel, LoopSettings
+from core.mcp_servers import McpServers
 from core.messages import AssistantMessage, ToolCall, ToolResult, Usage, UsageTotals
 from core.pump import FramePump
 from core.store import RunStart, Store, not_awaited
@@ -216,6 +217,9 @@ class Subagents:
         self._window = window
         self._tool_timeout = tool_timeout
         self._tool_grace = tool_grace
+        self.mcp: McpServers | None = None
+        """The runner's MCP servers (`TurnRunner.serve_mcp`): a profile's `mcp` names tools
+        among theirs."""
         self.approvals: Approvals | None = None
         """Set with the runner's (`TurnRunner.require_approvals`): a run's calls that need a
         person's yes are refused, since a run never asks."""
@@ -401,7 +405,9 @@ class Subagents:
             return
         needs = []
         for task in tasks:
-            tools = set(task.get("tools") or self._profile(delegator, task["profile"]).tools)
+            tools = set(
+                task.get("tools") or self._tools_of(self._profile(delegator, task["profile"]))
+            )
             task["granted"] = sorted(name for name in tools if self.approvals.asks(name))
             if task["granted"]:
                 who = f"{task.get('name') or _excerpt(task['instruction'])} ({task['profile']})"
@@ -480,11 +486,12 @@ class Subagents:
                     f"'{task['profile']}' is not a profile you may delegate to; choose one of: "
                     f"{', '.join(_choices(parent))}."
                 )
-            outside = sorted(set(task.get("tools") or ()) - set(profile.tools))
+            offered = self._tools_of(profile)
+            outside = sorted(set(task.get("tools") or ()) - set(offered))
             if outside:
                 return (
                     f"{task['profile']} may not use {', '.join(outside)}; a task may only narrow "
-                    f"its profile's tools ({', '.join(profile.tools) or 'none'})."
+                    f"its profile's tools ({', '.join(offered) or 'none'})."
                 )
         return None
 
@@ -504,7 +511,8 @@ class Subagents:
         for task in tasks:
             names.append(slug(task.get("name") or task["instruction"], names))
             profile = self._profile(delegator, task["profile"])
-            tools = [profile.tools[name] for name in task.get("tools") or profile.tools]
+            offered = self._tools_of(profile)
+            tools = [offered[name] for name in task.get("tools") or offered]
             routed = self.settings.routing.route(task.get("kind", ""), task["instruction"], tools)
             model, why = routed or (profile.model, "")
             routes.append(why)
@@ -519,8 +527,9 @@ class Subagents:
             run.granted = inherited
             chosen = self._profile(delegator, spec.profile)
             profile = dataclasses.replace(chosen, model=spec.model)
-            allowed = set(task.get("tools") or profile.tools)
-            tools = {name: each for name, each in profile.tools.items() if name in allowed}
+            offered = self._tools_of(profile)
+            allowed = set(task.get("tools") or offered)
+            tools = {name: each for name, each in offered.items() if name in allowed}
             if profile.delegates_to and self._depth(run) < self.settings.max_depth:
                 tools["delegate"] = self._nested_delegate_tool(run, profile)
             self._show(run)
@@ -573,6 +582,11 @@ class Subagents:
                 description="a generalist with your own tools, for any self-contained task",
             )
         return self._profiles.named(name) if name in delegator.delegates_to else None
+
+    def _tools_of(self, profile: Any) -> dict[str, Tool]:
+        """A profile's tools: its own, and those of the MCP servers it names."""
+        served = self.mcp.tools_for(profile.mcp) if self.mcp is not None else {}
+        return {**profile.tools, **served}
 
     @staticmethod
     def _depth(run: Run) -> int:

@@ -268,6 +268,7 @@ class Approval(SQLModel, table=True):
     __tablename__ = "approvals"
 
     id: int | None = Field(default=None, primary_key=True)
+    turn_id: int | None = Field(default=None, foreign_key="turns.id")
     place: str = Field(index=True, max_length=300)
     tool: str = Field(max_length=200)
     call: str = Field(sa_column=Column(Text, nullable=False))

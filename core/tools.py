@@ -57,6 +57,8 @@ class ToolContext:
     """How the person is shown (their name where the platform gives one, else their id)."""
     granted: frozenset[str] = frozenset()
     """Tools a person approved beforehand for this whole run (a sub-agent's delegation)."""
+    turn: Callable[[], Awaitable[int]] | None = None
+    """The calling turn's id, once it is stored (None outside a conversation's turn)."""
 
     @property
     def attended(self) -> bool:

@@ -274,7 +274,11 @@ class TurnRunner:
         self.approvals: Approvals | None = None
         """Asks before the tools that need a person's yes (`require_approvals`)."""
         self.mcp: McpServers | None = None
-        """The MCP servers whose tools an agent's `mcp` names."""
+        """The MCP servers whose tools an agent's `mcp` names (`serve_mcp`)."""
+
+    def serve_mcp(self, servers: McpServers) -> None:
+        """Agents' and sub-agents' profiles may name tools of these servers."""
+        self.mcp = self.subagents.mcp = servers
 
     def require_approvals(self, approvals: Approvals) -> None:
         """Tools in `[approvals].ask` run in a person's turn only once they say yes, and never
@@ -507,7 +511,13 @@ class TurnRunner:
             ),
         )
         began = time.monotonic()
-        outcome, note, wrapped_up = await self._run_loop(loop, messages, stopped_early, request)
+
+        async def turn_id() -> int:
+            return (await _ids(starting))[1]
+
+        outcome, note, wrapped_up = await self._run_loop(
+            loop, messages, stopped_early, request, turn_id
+        )
         turn.finishing = True  # the outcome is decided: a stop from here on changes nothing
         pump.halt()  # no frame after the answer is complete; the last edit is the notice's
         _replace(messages, sent, said)  # images go to the model with their own turn only
@@ -561,6 +571,7 @@ class TurnRunner:
         messages: list[dict[str, object]],
         stopped_early: bool,
         request: TurnRequest,
+        turn_id: Callable[[], Awaitable[int]],
     ) -> tuple[Outcome, str | None, bool]:
         """How the loop ended, the note to show with it, and whether it was wrapped up."""
         if stopped_early:  # stopped while the turn was being opened
@@ -571,6 +582,7 @@ class TurnRunner:
             request.person,
             request.provenance.value,
             request.author or request.person or "",
+            turn=turn_id,
         )
         try:
             with called_from(context):

@@ -8,6 +8,7 @@ fake's pauses.
 
 from core.approvals import Approvals, ApprovalSettings
 from core.channel import Button
+from core.recovery import Recovery, leftovers
 from core.schedule import ScheduleSettings, When
 from core.store import Store
 from core.subagents import SubagentSettings
@@ -143,8 +144,16 @@ async def test_a_restart_expires_the_question_left_pending(
     bot = asks(make_bot)
     await bot.send("say hello", author="ann")
     await asked(bot)  # and then the process died
+    left = await leftovers(store)
+    restarted = make_bot(bot_store=store, channel=bot.channel)
+    await Recovery(store, restarted.runner, {"test": bot.channel}).resolve(left)
     after = Approvals(store, {"test": bot.channel}, ASK_ECHO)
 
+    (turn,) = await bot.turns()
+    assert (turn.status, turn.error) == (
+        "interrupted",
+        "Kaiwa stopped while this turn waited for a person to approve echo(hello)",
+    )
     assert await after.expire_leftovers() == 1
     assert (await store.approval(1)).status == "expired"  # type: ignore[union-attr]
     assert bot.channel.notices_in(PLACE)[0] == (

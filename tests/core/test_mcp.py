@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from core.mcp_servers import McpServers, McpServerSettings
+from core.subagents import SubagentSettings
+from core.turns import AgentProfile
 from tests.fakes.ollama import Text, ToolCall
 from tests.harness import PLACE, Bot, BotFactory
 
@@ -50,7 +52,7 @@ async def http_server() -> AsyncIterator[str]:
 
 def served(make_bot: BotFactory, servers: McpServers, *names: str) -> Bot:
     bot = make_bot(mcp=names)
-    bot.runner.mcp = servers
+    bot.runner.serve_mcp(servers)
     return bot
 
 
@@ -139,3 +141,32 @@ async def test_a_server_that_cannot_start_says_why_and_its_tools_are_absent(
 
     assert line.startswith("gone: not running: ")
     assert not [name for name in offered(bot) if name.startswith("gone.")]
+
+
+async def test_a_sub_agents_profile_may_name_a_servers_tools(
+    make_bot: BotFactory, stdio_servers: McpServers
+) -> None:
+    adder = AgentProfile(
+        name="adder", model="test-model", system_prompt="You add.", tools={}, mcp=("fake.add",)
+    )
+    bot = make_bot(
+        agents={"adder": adder},
+        delegates_to=("adder",),
+        subagents=SubagentSettings(status_message=False),
+    )
+    bot.runner.serve_mcp(stdio_servers)
+    task = {"profile": "adder", "instruction": "sum two and three", "name": "sum"}
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task]}))
+    bot.ollama.script(Text("Summing."))
+    bot.ollama.script_for("two and three", ToolCall("fake.add", {"a": 2, "b": 3}))
+    bot.ollama.script_for("two and three", ToolCall("report", {"summary": "5"}))
+    bot.ollama.default = [Text("It is 5.")]
+    await bot.send("what is 2 + 3? ask a helper")
+    await bot.channel.finished()
+    run = bot.runner.subagents.find(PLACE, "a1")
+    assert run is not None
+    await run.finished.wait()
+
+    assert (run.status, run.report) == ("done", "5")
+    transcript = await bot.store.transcript(run.row_id)
+    assert next(m.text for m in transcript if m.role == "tool") == "5"

@@ -17,6 +17,7 @@ def upgrade() -> None:
     op.create_table(
         "approvals",
         sa.Column("id", sa.Integer(), primary_key=True),
+        sa.Column("turn_id", sa.Integer(), sa.ForeignKey("turns.id"), nullable=True),
         sa.Column("place", sa.String(300), nullable=False),
         sa.Column("tool", sa.String(200), nullable=False),
         sa.Column("call", sa.Text(), nullable=False),
