@@ -115,6 +115,7 @@ async def make_bot(
         memory: MemorySettings | None = None,
         approvals: ApprovalSettings | None = None,
         mcp: tuple[str, ...] = (),
+        tool_timeout: float = 5.0,
     ) -> Bot:
         """`schedule`: with a scheduler (its task tools given to the agent), on `clock`, with
         no timers: firings happen when the test calls `scheduler.fire_due()`. `memory`: with
@@ -136,7 +137,7 @@ async def make_bot(
             agents=agents or {},
             subagents=subagents or SubagentSettings(),
             channel_agents=channel_agents or {},
-            tool_timeout=5.0,
+            tool_timeout=tool_timeout,
             tool_grace=tool_grace,
             max_cached_conversations=max_cached_conversations,
         )

@@ -333,5 +333,6 @@ async def test_check_lists_each_mcp_server_with_its_tools_or_why_it_is_down(
     )
     code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
     assert code == 0
-    assert "mcp: fake: 5 tools (fake.add, fake.crash, fake.fail, fake.picture, fake.shout)\n" in out
+    listed = "fake.add, fake.crash, fake.fail, fake.hang, fake.picture, fake.shout"
+    assert f"mcp: fake: 6 tools ({listed})\n" in out
     assert "mcp: gone: not running: " in out

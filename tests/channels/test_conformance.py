@@ -363,6 +363,22 @@ async def test_an_approval_is_asked_with_buttons_and_only_the_asker_decides_once
     assert [m["content"] for m in tool] == ["echo hello"]
 
 
+@pytest.mark.bot(approvals=ApprovalSettings(ask=["echo"]))
+async def test_an_approval_can_be_typed(platform: Platform) -> None:
+    ollama = platform.bot.ollama
+    ollama.script(ToolCall("echo", {"word": "typed"}))
+    ollama.script(Text("Done."))
+
+    platform.say(ANN, "say typed")
+    await platform.wait_until(lambda: platform.buttons(ANN), "the question")
+    platform.say(ANN, "/approve 1")
+    await platform.wait_until(lambda: "Done." in platform.shown(ANN), "the reply")
+
+    assert platform.shown(ANN)[0].endswith(" allowed it once.")
+    tool = [m for m in ollama.requests[1]["messages"] if m["role"] == "tool"]
+    assert [m["content"] for m in tool] == ["echo typed"]
+
+
 async def test_commands_work_while_a_reply_streams(platform: Platform) -> None:
     ollama = platform.bot.ollama
     ollama.script(Text("Thinking out loud"), Pause("busy"), Text(", done."))

@@ -170,3 +170,20 @@ async def test_a_sub_agents_profile_may_name_a_servers_tools(
     assert (run.status, run.report) == ("done", "5")
     transcript = await bot.store.transcript(run.row_id)
     assert next(m.text for m in transcript if m.role == "tool") == "5"
+
+
+async def test_a_call_that_hangs_is_given_up_at_the_tool_timeout_and_the_server_restarted(
+    make_bot: BotFactory, stdio_servers: McpServers
+) -> None:
+    (server,) = stdio_servers.servers
+    bot = make_bot(mcp=("fake",), tool_timeout=0.5, tool_grace=0.2)
+    bot.runner.serve_mcp(stdio_servers)
+    bot.ollama.script(ToolCall("fake.hang", {}))
+    bot.ollama.script(Text("It did not answer."))
+    await bot.send("call the slow one")
+    (reply,) = await bot.channel.finished()
+    await server.connected.wait()  # a fresh server
+
+    assert reply.text == "It did not answer."
+    (given_up,) = results(bot)
+    assert "fake.hang" in given_up and "0.5" in given_up

@@ -3,11 +3,13 @@ HTTP: `python -m tests.fakes.mcp_server stdio`, or `... http --port N`, which pr
 `READY <url>` once it listens.
 
 Its tools: `add(a, b)`, `shout(text)`, `picture()` (an image, for results that are not text),
-`fail()` (a tool error) and `crash()` (the process exits at once, as a crashing server does).
+`fail()` (a tool error), `hang()` (never answers) and `crash()` (the process exits at once, as a
+crashing server does).
 `crash` first writes a file named by `KAIWA_FAKE_MCP_CRASHED` if set, so a test knows it ran.
 """
 
 import argparse
+import asyncio
 import base64
 import os
 import sys
@@ -41,6 +43,12 @@ def server(port: int = 0) -> FastMCP:
     def fail() -> str:
         """Always fails."""
         raise ValueError("the fake was told to fail")
+
+    @fake.tool()
+    async def hang() -> str:
+        """Never answers."""
+        await asyncio.Event().wait()
+        return "never"
 
     @fake.tool()
     def crash() -> str:
