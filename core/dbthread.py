@@ -279,8 +279,9 @@ class DatabaseThread:
             (expired if deadline is not None and now >= deadline else kept).append(call)
         if expired:
             waited = now - min(call.queued_at for call in expired)
+            seconds = f"{waited:.1f}" if waited < 10 else f"{waited:.0f}"  # never "0 s"
             error = StoreUnavailable(
-                f"the database did not answer for {waited:.0f} s ({cause}); check that it is "
+                f"the database did not answer for {seconds} s ({cause}); check that it is "
                 "running and reachable"
             )
             self._resolve([(call, None, error) for call in expired])
