@@ -731,22 +731,10 @@ class Store:
 
     def create_task(self, values: dict[str, Any]) -> Awaitable[ScheduledTask]:
         """Store a new task; the stored row (with its id)."""
-        fitted = _fit(ScheduledTask, values)
-
-        def run(connection: Connection) -> ScheduledTask:
-            row = connection.execute(_insert_returning_row(ScheduledTask), fitted).one()
-            return ScheduledTask.model_construct(**row._mapping)
-
-        return self._call(run, durable=True)
+        return self._call(_inserting(ScheduledTask, values), durable=True)
 
     def task(self, task_id: int) -> Awaitable[ScheduledTask | None]:
-        def run(connection: Connection) -> ScheduledTask | None:
-            found = _rows(
-                connection, ScheduledTask, _by_id_statement(ScheduledTask), row_id=task_id
-            )
-            return found[0] if found else None
-
-        return self._call(run, autocommit=True)
+        return self._call(_finding(ScheduledTask, task_id), autocommit=True)
 
     def tasks(self, place: str | None = None) -> Awaitable[list[ScheduledTask]]:
         """Tasks not cancelled, oldest first: of one place, or all of them."""
@@ -847,23 +835,10 @@ class Store:
         return self._call(run, autocommit=True)
 
     def conversation(self, conversation_id: int) -> Awaitable[Conversation | None]:
-        def run(connection: Connection) -> Conversation | None:
-            statement = _by_id_statement(Conversation)
-            found = _rows(connection, Conversation, statement, row_id=conversation_id)
-            return found[0] if found else None
-
-        return self._call(run, autocommit=True)
-
-    # -- notes ---------------------------------------------------------------------------------
+        return self._call(_finding(Conversation, conversation_id), autocommit=True)
 
     def add_note(self, values: dict[str, Any]) -> Awaitable[Note]:
-        fitted = _fit(Note, values)
-
-        def run(connection: Connection) -> Note:
-            row = connection.execute(_insert_returning_row(Note), fitted).one()
-            return Note.model_construct(**row._mapping)
-
-        return self._call(run, durable=True)
+        return self._call(_inserting(Note, values), durable=True)
 
     def notes(self, owner: str) -> Awaitable[list[Note]]:
         """An owner's notes, oldest first."""
@@ -884,13 +859,7 @@ class Store:
     # -- approvals -----------------------------------------------------------------------------
 
     def add_approval(self, values: dict[str, Any]) -> Awaitable[Approval]:
-        fitted = _fit(Approval, values)
-
-        def run(connection: Connection) -> Approval:
-            row = connection.execute(_insert_returning_row(Approval), fitted).one()
-            return Approval.model_construct(**row._mapping)
-
-        return self._call(run, durable=True)
+        return self._call(_inserting(Approval, values), durable=True)
 
     def update_approval(self, approval_id: int, values: dict[str, Any]) -> Awaitable[None]:
         return self._call(_updater(Approval, approval_id, values), durable=True)
@@ -909,11 +878,7 @@ class Store:
         )
 
     def approval(self, approval_id: int) -> Awaitable[Approval | None]:
-        def run(connection: Connection) -> Approval | None:
-            found = _rows(connection, Approval, _by_id_statement(Approval), row_id=approval_id)
-            return found[0] if found else None
-
-        return self._call(run, autocommit=True)
+        return self._call(_finding(Approval, approval_id), autocommit=True)
 
     def pending_approvals(self) -> Awaitable[list[Approval]]:
         """Approvals still `pending` (read at start-up: a dead process's questions)."""
@@ -977,6 +942,27 @@ def _rows(
     return [
         model.model_construct(**row._mapping) for row in connection.execute(statement, parameters)
     ]
+
+
+def _inserting(model: type[Row], values: dict[str, Any]) -> Unit[Row]:
+    """A new row of `model`, as stored (its id and defaults filled in)."""
+    fitted = _fit(model, values)
+
+    def run(connection: Connection) -> Row:
+        row = connection.execute(_insert_returning_row(model), fitted).one()
+        return model.model_construct(**row._mapping)
+
+    return run
+
+
+def _finding(model: type[Row], row_id: int) -> Unit[Row | None]:
+    """The row of `model` with `row_id`, or None."""
+
+    def run(connection: Connection) -> Row | None:
+        found = _rows(connection, model, _by_id_statement(model), row_id=row_id)
+        return found[0] if found else None
+
+    return run
 
 
 def _updater(model: type[SQLModel], row_id: int, values: dict[str, Any]) -> Unit[None]:
