@@ -351,9 +351,11 @@ class Subagents:
             refusal = self._refusal(place, parent, tasks)
             if refusal:
                 return refusal
-            await self._granted(parent, tasks)
+            grants = await self._granted(parent, tasks)
             conversation_id, turn_id = await started()
-            launched = await self._launch(place, platform, conversation_id, turn_id, tasks, parent)
+            launched = await self._launch(
+                place, platform, conversation_id, turn_id, tasks, parent, grants
+            )
             lines = [f"- {run.label()} on {run.model}{_why(run)}: {run.task}" for run in launched]
             return (
                 f"Launched {len(launched)} {plural(len(launched), 'sub-agent')}:\n"
@@ -395,25 +397,25 @@ class Subagents:
             },
         )
 
-    async def _granted(self, delegator: Any, tasks: list[dict[str, Any]]) -> None:
+    async def _granted(self, delegator: Any, tasks: list[dict[str, Any]]) -> list[frozenset[str]]:
         """Ask once, before any starts, for the tools needing approval that these tasks would
-        have (each task's `granted`, then); `ApprovalDenied` when the person says no, and
-        nothing is launched."""
-        if self.approvals is None:
-            for task in tasks:
-                task.pop("granted", None)  # nothing needs approval: no grant to carry
-            return
-        needs = []
+        have; each task's grant. `ApprovalDenied` when the person says no, and nothing is
+        launched."""
+        approvals = self.approvals
+        if approvals is None:
+            return [frozenset()] * len(tasks)
+        grants, needs = [], []
         for task in tasks:
-            tools = set(
-                task.get("tools") or self._tools_of(self._profile(delegator, task["profile"]))
-            )
-            task["granted"] = sorted(name for name in tools if self.approvals.asks(name))
-            if task["granted"]:
+            profile = self._profile(delegator, task["profile"])
+            tools = task.get("tools") or self._tools_of(profile)
+            grant = frozenset(name for name in tools if approvals.asks(name))
+            grants.append(grant)
+            if grant:
                 who = f"{task.get('name') or _excerpt(task['instruction'])} ({task['profile']})"
-                needs.append(f"{who} use {', '.join(task['granted'])}")
+                needs.append(f"{who} use {', '.join(sorted(grant))}")
         if needs:
-            await self.approvals.grant("; ".join(needs))
+            await approvals.grant("; ".join(needs))
+        return grants
 
     def _wait_tool(self, place: str, claims: Claims) -> Tool:
         @tool()
@@ -503,8 +505,10 @@ class Subagents:
         turn_id: int | None,
         tasks: list[dict[str, Any]],
         delegator: Any,
+        grants: Sequence[frozenset[str]],
         parent: Run | None = None,
     ) -> list[Run]:
+        """Start a run per task; `grants`: the tools needing approval each may use."""
         runs = self._runs.setdefault(place, [])
         names: list[str] = [run.name for run in runs]
         specs, routes = [], []
@@ -520,11 +524,11 @@ class Subagents:
         parent_id = parent.row_id if parent is not None else None
         stored = await self._store.start_runs(conversation_id, turn_id, specs, parent_id)
         launched = []
-        for spec, task, why, (row_id, key) in zip(specs, tasks, routes, stored, strict=True):
+        started = zip(specs, tasks, routes, grants, stored, strict=True)
+        for spec, task, why, grant, (row_id, key) in started:
             run = Run(row_id, key, spec.name, spec.profile, spec.model, spec.task, place, platform)
             run.conversation_id, run.parent, run.route = conversation_id, parent, why
-            inherited = parent.granted if parent is not None else frozenset(task.get("granted", ()))
-            run.granted = inherited
+            run.granted = grant
             chosen = self._profile(delegator, spec.profile)
             profile = dataclasses.replace(chosen, model=spec.model)
             offered = self._tools_of(profile)
@@ -546,8 +550,9 @@ class Subagents:
             refusal = self._refusal(run.place, profile, tasks, nested=True)
             if refusal:
                 return refusal
+            inherited = [run.granted] * len(tasks)  # a run never asks: its children share its grant
             children = await self._launch(
-                run.place, run.platform, run.conversation_id, None, tasks, profile, parent=run
+                run.place, run.platform, run.conversation_id, None, tasks, profile, inherited, run
             )
             try:
                 await asyncio.gather(*(child.finished.wait() for child in children))
