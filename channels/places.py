@@ -24,16 +24,13 @@ import typing
 from dataclasses import dataclass
 from typing import ClassVar, Self
 
+from core.channel import platform_of
+
 SEPARATOR = ":"
 
 
 class PlaceError(ValueError):
     """A key that is not a place of the platform asked for."""
-
-
-def platform_of(key: str) -> str:
-    """The platform a place belongs to: `slack` for `slack:T1:C1:top`."""
-    return key.partition(SEPARATOR)[0]
 
 
 def space_of(key: str) -> str:

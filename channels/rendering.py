@@ -45,10 +45,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from channels.formatting import split_message
-from channels.places import platform_of
 from channels.presses import STOP
 from channels.settings import PlatformSettings
-from core.channel import Button, Delivery, Frame, Outcome
+from core.channel import Button, Delivery, Frame, Outcome, platform_of
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from core.channel import Button, Channel
+from core.channel import Button, Channel, platform_of
 from core.errors import KaiwaError
 from core.store import Store
 from core.tables import Approval, utc_now
@@ -215,7 +215,7 @@ class Approvals:
         return True
 
     async def _show(self, approval: Approval, text: str) -> None:
-        channel = self._channels.get(approval.place.split(":", 1)[0])
+        channel = self._channels.get(platform_of(approval.place))
         if channel is None or approval.message_id is None:
             return
         try:

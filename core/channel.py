@@ -16,6 +16,11 @@ from enum import StrEnum
 from typing import Protocol
 
 
+def platform_of(place: str) -> str:
+    """The platform a place (a conversation key) belongs to: `slack` for `slack:T1:C1:top`."""
+    return place.partition(":")[0]
+
+
 @dataclass(frozen=True)
 class ChannelMessage:
     """One inbound message, normalized by its adapter.

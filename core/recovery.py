@@ -26,7 +26,7 @@ import logging
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 
-from core.channel import Channel, Outcome
+from core.channel import Channel, Outcome, platform_of
 from core.store import Store, Unfinished
 from core.tables import InboundEvent, SubagentRun
 from core.turns import Provenance, TurnRequest, TurnRunner
@@ -86,7 +86,7 @@ class Recovery:
             why = WAITED.format(call=waited) if waited else INTERRUPTED
             closing = self._store.close_interrupted(unfinished, why)
             await self._guarded(closing, f"closing turn {unfinished.turn.id}")
-        platforms = {_platform(each.place) for each in left.turns} | {
+        platforms = {platform_of(each.place) for each in left.turns} | {
             each.platform for each in left.messages
         }
         await asyncio.gather(*(self._resolve_on(platform, left) for platform in platforms))
@@ -96,7 +96,7 @@ class Recovery:
 
     async def _say(self, place: str, text: str) -> None:
         """A line in `place`, once its channel is connected."""
-        channel = self._channels.get(_platform(place))
+        channel = self._channels.get(platform_of(place))
         if channel is None:
             logger.warning("%s: %s (its platform is not running)", place, text)
             return
@@ -105,7 +105,7 @@ class Recovery:
 
     async def _resolve_on(self, platform: str, left: Leftovers) -> None:
         channel = self._channels.get(platform)
-        turns = [each for each in left.turns if _platform(each.place) == platform]
+        turns = [each for each in left.turns if platform_of(each.place) == platform]
         messages = [each for each in left.messages if each.platform == platform]
         if channel is None:
             logger.warning(
@@ -184,7 +184,7 @@ def _may_run_again(unfinished: Unfinished) -> bool:
 def _again(unfinished: Unfinished) -> TurnRequest:
     first = unfinished.messages[0]
     return TurnRequest(
-        platform=_platform(unfinished.place),
+        platform=platform_of(unfinished.place),
         place=unfinished.place,
         text=first.text,
         provenance=Provenance(unfinished.turn.provenance),
@@ -204,7 +204,3 @@ def _said(unfinished: Unfinished) -> str:
 def _excerpt(text: str) -> str:
     flat = " ".join(text.split())
     return f"“{flat[:EXCERPT_CHARS]}…”" if len(flat) > EXCERPT_CHARS else f"“{flat}”"
-
-
-def _platform(place: str) -> str:
-    return place.split(":", 1)[0]
