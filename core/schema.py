@@ -13,7 +13,7 @@ from sqlalchemy import Connection, Engine, inspect, text
 
 from core.errors import StoreError
 
-SCHEMA_HEAD = "0009"
+SCHEMA_HEAD = "0010"
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 

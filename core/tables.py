@@ -281,3 +281,34 @@ class Approval(SQLModel, table=True):
     decided_at: datetime | None = Field(
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
+
+
+class Plan(SQLModel, table=True):
+    """A `/plan` workflow's plan: what the person asked, its steps, and where it stands:
+    `drafting`, `reviewing` (a critic reads the draft; `rounds` counts its rounds), then
+    `awaiting_person` (for their yes), `running` (step by step), and at the end `done`,
+    `stopped`, `failed`, `rejected` (review never approved it, or the person said no) or
+    `interrupted` (Kaiwa restarted while it was unfinished). Each step is a dict: `what`,
+    `tools`, `done_when`, `status` (waiting, running, done, failed, stopped, not_run) and
+    `result`. `progress_message_id` is the platform message showing its progress, so it can be
+    edited."""
+
+    __tablename__ = "plans"
+
+    id: int | None = Field(default=None, primary_key=True)
+    conversation_id: int = Field(foreign_key="conversations.id", index=True)
+    place: str = Field(index=True, max_length=300)
+    turn_id: int | None = Field(default=None, foreign_key="turns.id")
+    task: str = Field(sa_column=Column(Text, nullable=False))
+    status: str = Field(max_length=20, index=True)
+    rounds: int = 0
+    steps: list[dict[str, Any]] = Field(
+        default_factory=list, sa_column=Column(JSON, nullable=False, default=list)
+    )
+    review: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    """The critic's last reasons."""
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    progress_message_id: str | None = Field(default=None, max_length=100)
+    provenance: str = Field(default="person", max_length=20)
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    updated_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))

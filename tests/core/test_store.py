@@ -4,7 +4,8 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from alembic import command
@@ -375,3 +376,107 @@ async def test_messages_are_searched_within_a_space_with_wildcards_taken_literal
     found = await any_store.search_messages("slack:T1:C1:", ["SHIP", "100%"], 10)
     assert [(m.text, place) for m, place in found] == [("ship 100% on Friday", "slack:T1:C1:1.1")]
     assert await any_store.search_messages("slack:T1:C1:", ["_"], 10) == []
+
+
+def _step(what: str, status: str, result: str = "") -> dict[str, str]:
+    return {
+        "what": what,
+        "tools": "search",
+        "done_when": "found",
+        "status": status,
+        "result": result,
+    }
+
+
+def _plan(conversation_id: int, status: str, steps: list[dict[str, str]]) -> dict[str, Any]:
+    now = utc_now()
+    return {
+        "conversation_id": conversation_id,
+        "place": "t:p",
+        "task": "compare three laptops",
+        "status": status,
+        "steps": steps,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+async def test_a_plan_round_trip_keeps_its_steps(any_store: Store) -> None:
+    started = await any_store.start_turn(TurnStart("t:p", "a", "S.", "person", "/plan x"))
+    added = await any_store.add_plan(
+        {**_plan(started.conversation_id, "drafting", []), "turn_id": started.turn_id}
+    )
+    assert added.id is not None
+    assert (added.steps, added.rounds, added.provenance, added.review) == ([], 0, "person", None)
+
+    steps = [_step("find them", "done", "three found"), _step("compare — ✓", "waiting")]
+    await any_store.update_plan(
+        added.id,
+        {
+            "status": "running",
+            "steps": steps,
+            "rounds": 2,
+            "review": "fine",
+            "progress_message_id": "m1",
+        },
+    )
+
+    stored = await any_store.plan(added.id)
+    assert stored is not None
+    assert (stored.status, stored.steps, stored.rounds, stored.review) == (
+        "running",
+        steps,
+        2,
+        "fine",
+    )
+    assert (stored.turn_id, stored.progress_message_id) == (started.turn_id, "m1")
+    assert await any_store.plan(added.id + 1) is None
+
+
+async def test_plans_are_read_newest_first_within_one_conversation(any_store: Store) -> None:
+    first = await any_store.start_turn(TurnStart("t:p", "a", "S.", "person", "hi"))
+    other = await any_store.start_turn(TurnStart("t:q", "a", "S.", "person", "hi"))
+    ids = [
+        (await any_store.add_plan(_plan(first.conversation_id, "done", []))).id for _ in range(3)
+    ]
+    await any_store.add_plan(_plan(other.conversation_id, "done", []))
+
+    assert [plan.id for plan in await any_store.plans(first.conversation_id, 2)] == ids[:0:-1]
+    assert len(await any_store.plans(other.conversation_id, 10)) == 1
+
+
+async def test_unfinished_plans_are_interrupted_with_their_steps_ended(any_store: Store) -> None:
+    conversation = await any_store.start_turn(TurnStart("t:p", "a", "S.", "person", "hi"))
+    running = [_step("one", "done", "ok"), _step("two", "running"), _step("three", "waiting")]
+    unfinished = {
+        status: await any_store.add_plan(_plan(conversation.conversation_id, status, steps))
+        for status, steps in [
+            ("drafting", []),
+            ("reviewing", []),
+            ("awaiting_person", [_step("one", "waiting")]),
+            ("running", running),
+        ]
+    }
+    ended = {
+        status: await any_store.add_plan(_plan(conversation.conversation_id, status, steps))
+        for status, steps in [
+            ("done", [_step("one", "done")]),
+            ("failed", [_step("one", "failed")]),
+        ]
+    }
+    now = utc_now() + timedelta(seconds=1)
+
+    closed = await any_store.close_unfinished_plans(now)
+
+    assert [plan.id for plan in closed] == [plan.id for plan in unfinished.values()]
+    assert {plan.status for plan in closed} == {"interrupted"}
+    assert [step["status"] for step in closed[-1].steps] == ["done", "stopped", "not_run"]
+    assert [step["status"] for step in closed[2].steps] == ["not_run"]
+    assert closed[-1].steps[0]["result"] == "ok"
+    for plan in ended.values():
+        assert plan.id is not None
+        assert await any_store.plan(plan.id) == plan, "an ended plan is left as it was"
+    again = await any_store.plan(closed[-1].id or 0)
+    assert again is not None and (again.status, again.steps) == ("interrupted", closed[-1].steps)
+    assert again.updated_at is not None and aware(again.updated_at) == now
+    assert await any_store.close_unfinished_plans(utc_now()) == []
