@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Annotated
 
 from core.errors import KaiwaError
-from core.store import Store
+from core.store import INSTRUCTION_AUTHOR, Store
+from core.tables import Message
 from core.tools import Tool, calling, tool
 
 FOUND = 10
@@ -64,10 +65,15 @@ def archive_tools(store: Callable[[], Store], space_of: Callable[[str], str]) ->
         messages = await store().history(conversation)
         said = [m for m in messages if m.role in ("user", "assistant") and m.text]
         shown = said[-max(1, min(last, 100)) :]
-        lines = [f"{m.created_at:%Y-%m-%d %H:%M} {m.role}: {_clip(m.text)}" for m in shown]
+        lines = [f"{m.created_at:%Y-%m-%d %H:%M} {_speaker(m)}: {_clip(m.text)}" for m in shown]
         return f"Conversation {conversation} ({len(said)} messages):\n" + "\n".join(lines)
 
     return [search_conversations, read_conversation]
+
+
+def _speaker(message: Message) -> str:
+    """`user`, `assistant`, or `kaiwa` for what Kaiwa told the model (a workflow's steps)."""
+    return "kaiwa" if message.author == INSTRUCTION_AUTHOR else message.role
 
 
 def _within(place: str, space: str) -> bool:

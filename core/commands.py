@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 from core.channel import Button, Channel, ChannelMessage
 from core.context import Compaction
@@ -20,10 +19,9 @@ from core.schedule import Scheduler, describe_task
 from core.store import Store
 from core.subagents import Run
 from core.tables import SubagentMessage, SubagentRun, Turn, utc_now
-from core.text import plural
+from core.text import Command, plural
 from core.turns import ContextReport, ConversationBusy, StopReport, TurnRunner
 
-COMMAND_PREFIXES = ("/", "!")
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("stop", "stop the reply being written and drop queued messages"),
     ("new", "start a fresh conversation here"),
@@ -46,21 +44,6 @@ NO_TASKS = (
     'No scheduled tasks here. Ask for one in words ("every weekday at 9:00, summarize the '
     'open incidents here") and I will schedule it.'
 )
-
-
-@dataclass(frozen=True)
-class Command:
-    name: str
-    argument: str
-
-
-def parse_command(text: str) -> Command | None:
-    """`/usage` → Command("usage", ""); plain text → None."""
-    stripped = text.strip()
-    if len(stripped) < 2 or stripped[0] not in COMMAND_PREFIXES or not stripped[1].isalpha():
-        return None
-    word, _, rest = stripped[1:].partition(" ")
-    return Command(word.split("@", 1)[0].lower(), rest.strip())
 
 
 Handler = Callable[[ChannelMessage, Channel, Command], Awaitable[None]]

@@ -25,12 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from core.channel import Channel, ChannelMessage
-from core.commands import Command, Commands, parse_command
+from core.commands import Commands
 from core.errors import StoreError
 from core.memory import Memory
 from core.schedule import Scheduler
 from core.store import Inbound, Store
-from core.text import clean
+from core.text import Command, clean, parse_command
 from core.turns import TurnRequest, TurnRunner
 
 logger = logging.getLogger(__name__)

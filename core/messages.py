@@ -62,6 +62,17 @@ class AssistantMessage:
 
 
 @dataclass(frozen=True)
+class Instruction:
+    """What Kaiwa tells the model in the middle of a turn (a workflow's next step). The model
+    reads it as a user message; it is stored with the turn so the next request is the same."""
+
+    text: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"role": "user", "content": self.text}
+
+
+@dataclass(frozen=True)
 class Usage:
     """The cost of one model call, recorded as soon as the call returns. Tokens are None when
     unknown: a call cut short never hears its counts, and zero would be a claim."""

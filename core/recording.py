@@ -29,7 +29,14 @@ from dataclasses import replace
 from core.channel import Frame
 from core.errors import StoreError
 from core.loop import LoopSink
-from core.messages import AssistantMessage, ToolCall, ToolResult, Usage, UsageTotals
+from core.messages import (
+    AssistantMessage,
+    Instruction,
+    ToolCall,
+    ToolResult,
+    Usage,
+    UsageTotals,
+)
 from core.store import (
     CompactionRecord,
     StartedTurn,
@@ -128,6 +135,19 @@ class TurnRecorder(LoopSink):
         self.seqs.append(self._seq)
         self._write([(self._seq, result)])
         self._seq += 1
+
+    def instruct(self, instruction: Instruction) -> None:
+        """Kaiwa told the model something in the middle of the turn (a workflow's next step):
+        stored in its place in the turn, after the answer held so far."""
+        self.seqs.append(self._seq)
+        self._write([*self._take_answer(), (self._seq, instruction)])
+        self._seq += 1
+
+    def counted(self, usage: Usage) -> None:
+        """A model call made for the turn outside its conversation (a workflow's reviewer):
+        its cost is the turn's."""
+        self.usage.add(usage)
+        self.on_change()
 
     def compacted(self, compaction: CompactionRecord, calls: tuple[Usage, ...]) -> None:
         """The history was compacted in this turn: its summary calls count as the turn's model
@@ -265,6 +285,34 @@ class TurnRecorder(LoopSink):
             failed.set_exception(exc)
             return failed
         return asyncio.ensure_future(call)
+
+
+class AsideSink(LoopSink):
+    """The sink of a loop a turn runs beside its conversation (a workflow's reviewer): nothing it
+    says joins the conversation or the reply; its cost counts as the turn's, and while it works
+    the reply shows what it does (`doing`, then the tool it uses)."""
+
+    def __init__(self, recorder: TurnRecorder, doing: str) -> None:
+        self._recorder = recorder
+        self._doing = doing
+
+    def status(self, text: str) -> None:
+        self._recorder.status(f"{self._doing} ({text})")
+
+    def thinking(self, delta: str) -> None:
+        self._recorder.status(self._doing)
+
+    def text(self, delta: str) -> None:
+        self._recorder.status(self._doing)
+
+    def model_call_finished(self, usage: Usage, message: AssistantMessage | None) -> None:
+        self._recorder.counted(usage)
+
+    def tool_started(self, call: ToolCall) -> None:
+        self._recorder.status(f"{self._doing}: using {call.name}…")
+
+    def tool_finished(self, result: ToolResult) -> None:
+        self._recorder.status(self._doing)
 
 
 def _copy_outcome(source: "asyncio.Future[None]", target: "asyncio.Future[None]") -> None:

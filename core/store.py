@@ -61,7 +61,14 @@ from sqlmodel import SQLModel
 from core.dbthread import DatabaseThread, OutageLog, Unit
 from core.errors import StoreError
 from core.history import INTERRUPTED_TOOL, unanswered_calls
-from core.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, UsageTotals
+from core.messages import (
+    AssistantMessage,
+    Instruction,
+    ToolCall,
+    ToolResult,
+    ToolStatus,
+    UsageTotals,
+)
 from core.schema import ensure_schema
 from core.tables import (
     Approval,
@@ -70,6 +77,7 @@ from core.tables import (
     InboundEvent,
     Message,
     Note,
+    Plan,
     ScheduledTask,
     SubagentMessage,
     SubagentRun,
@@ -84,6 +92,8 @@ logger = logging.getLogger(__name__)
 Row = TypeVar("Row", bound=SQLModel)
 T = TypeVar("T")
 BACKENDS = ("sqlite", "postgresql")
+INSTRUCTION_AUTHOR = "kaiwa"
+"""The author of the instructions Kaiwa adds to a turn (a workflow's steps), as stored."""
 
 
 @dataclass(frozen=True)
@@ -226,7 +236,7 @@ class TurnState:
     wrapped_up: bool = False
 
 
-TurnMessage = AssistantMessage | ToolResult
+TurnMessage = AssistantMessage | ToolResult | Instruction
 
 
 class Store:
@@ -809,9 +819,9 @@ class Store:
     def search_messages(
         self, space: str, words: Sequence[str], limit: int
     ) -> Awaitable[list[tuple[Message, str]]]:
-        """The newest messages (a person's or an answer) of conversations in `space` holding
-        every one of `words`, case-insensitively, each with its conversation's place. `space`
-        is a place, or a prefix of places ending in ':'."""
+        """The newest messages (a person's or an answer, not Kaiwa's instructions) of
+        conversations in `space` holding every one of `words`, case-insensitively, each with its
+        conversation's place. `space` is a place, or a prefix of places ending in ':'."""
         messages = Message.__table__  # type: ignore[attr-defined]
         conversations = Conversation.__table__  # type: ignore[attr-defined]
         statement = (
@@ -819,6 +829,7 @@ class Store:
             .join(conversations, conversations.c.id == messages.c.conversation_id)
             .where(_in_space(conversations.c.place, space))
             .where(messages.c.role.in_(("user", "assistant")))
+            .where(messages.c.author.is_distinct_from(INSTRUCTION_AUTHOR))
             .where(*(messages.c.text.ilike(f"%{_escaped(word)}%", escape="\\") for word in words))
             .order_by(messages.c.id.desc())
             .limit(limit)
@@ -886,6 +897,50 @@ class Store:
         statement = select(table).where(table.c.status == "pending").order_by(table.c.id)
         return self._call(lambda c: _rows(c, Approval, statement), autocommit=True)
 
+    # -- plans ---------------------------------------------------------------------------------
+
+    def add_plan(self, values: dict[str, Any]) -> Awaitable[Plan]:
+        return self._call(_inserting(Plan, values), durable=True)
+
+    def update_plan(self, plan_id: int, values: dict[str, Any]) -> Awaitable[None]:
+        return self._call(_updater(Plan, plan_id, values), durable=True)
+
+    def plan(self, plan_id: int) -> Awaitable[Plan | None]:
+        return self._call(_finding(Plan, plan_id), autocommit=True)
+
+    def plans(self, conversation_id: int, limit: int) -> Awaitable[list[Plan]]:
+        """A conversation's latest plans, newest first."""
+
+        def run(connection: Connection) -> list[Plan]:
+            return _rows(
+                connection, Plan, _plans_statement(), conversation_id=conversation_id, limit=limit
+            )
+
+        return self._call(run, autocommit=True)
+
+    def close_unfinished_plans(self, now: datetime) -> Awaitable[list[Plan]]:
+        """Plans a dead process left unfinished end `interrupted` (read at start-up), a running
+        step `stopped` and waiting ones `not_run`; the plans as they now are, so their progress
+        messages can be edited to say so. They are read back by (`interrupted`, `now`), so a
+        transaction replayed after its COMMIT answer was lost returns them too."""
+        table = Plan.__table__  # type: ignore[attr-defined]
+        unfinished = select(table).where(table.c.status.in_(_UNFINISHED_PLANS))
+        closed = (
+            select(table)
+            .where(table.c.status == "interrupted", table.c.updated_at == now)
+            .order_by(table.c.id)
+        )
+
+        def run(connection: Connection) -> list[Plan]:
+            for plan in _rows(connection, Plan, unfinished):
+                assert plan.id is not None
+                steps = [_interrupted_step(step) for step in plan.steps or []]
+                values = {"status": "interrupted", "steps": steps, "updated_at": now}
+                _updater(Plan, plan.id, values)(connection)
+            return _rows(connection, Plan, closed)
+
+        return self._call(run, durable=True)
+
     # -- plumbing ------------------------------------------------------------------------------
 
     def _call(
@@ -907,6 +962,16 @@ class Store:
 
 
 # -- units ----------------------------------------------------------------------------------------
+
+
+_UNFINISHED_PLANS = ("drafting", "reviewing", "awaiting_person", "running")
+_INTERRUPTED_STEPS = {"running": "stopped", "waiting": "not_run"}
+
+
+def _interrupted_step(step: dict[str, Any]) -> dict[str, Any]:
+    """A plan's step as a restart leaves it: a copy, so the step list is written whole."""
+    status = step.get("status")
+    return {**step, "status": _INTERRUPTED_STEPS.get(status, status)}
 
 
 def _interrupted(call: dict[str, Any]) -> ToolResult:
@@ -984,6 +1049,8 @@ def _message_row(
         "seq": seq,
         **_message_defaults(now),
     }
+    if isinstance(message, Instruction):
+        return row | {"role": "user", "text": message.text, "author": INSTRUCTION_AUTHOR}
     if isinstance(message, ToolResult):
         return row | {
             "role": "tool",
@@ -1209,6 +1276,17 @@ def _task_runs_statement() -> Executable:
         select(table)
         .where(table.c.task_id == bindparam("task_id"))
         .order_by(table.c.fire_time.desc(), table.c.id.desc())
+        .limit(bindparam("limit"))
+    )
+
+
+@cache
+def _plans_statement() -> Executable:
+    table = Plan.__table__  # type: ignore[attr-defined]
+    return (
+        select(table)
+        .where(table.c.conversation_id == bindparam("conversation_id"))
+        .order_by(table.c.id.desc())
         .limit(bindparam("limit"))
     )
 

@@ -5,13 +5,16 @@ Undecodable input (bytes a terminal could not decode become lone surrogates) tur
 and NUL, which PostgreSQL refuses in text, is dropped. Applied where text enters: a person's
 message in the dispatcher, the model's words in the model client, and every value the store
 writes (the last line of defence, so that no input can fail a record). Leaving: `plural`, so
-a count reads right ("1 model call").
+a count reads right ("1 model call"). And `parse_command`, which both the dispatcher and the turn
+runner (a workflow is started by its command) read a message with.
 """
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 SURROGATE = re.compile("[\ud800-\udfff]")
+COMMAND_PREFIXES = ("/", "!")
 
 
 def clean(text: str) -> str:
@@ -39,3 +42,20 @@ def clean_all(value: Any) -> Any:
 def plural(count: int, one: str, many: str | None = None) -> str:
     """`one` or `many` (`one` + "s" unless given) as `count` asks: 1 reply, 2 replies."""
     return one if count == 1 else many or f"{one}s"
+
+
+@dataclass(frozen=True)
+class Command:
+    """`/name argument` (or `!name argument`): everything after the name's first blank."""
+
+    name: str
+    argument: str
+
+
+def parse_command(text: str) -> Command | None:
+    """`/usage` → Command("usage", ""); plain text → None."""
+    stripped = text.strip()
+    if len(stripped) < 2 or stripped[0] not in COMMAND_PREFIXES or not stripped[1].isalpha():
+        return None
+    word, *rest = stripped[1:].split(maxsplit=1)
+    return Command(word.split("@", 1)[0].lower(), rest[0].strip() if rest else "")

@@ -70,15 +70,15 @@ from core.context import (
 )
 from core.errors import KaiwaError, ModelError, StoreError
 from core.history import MessageKey, history_entries
-from core.loop import AgentLoop, ChatModel, LoopSettings
+from core.loop import AgentLoop, ChatModel, LoopResult, LoopSettings
 from core.lru import PinnedLRU
 from core.mcp_servers import McpServers
-from core.messages import Usage, UsageTotals
+from core.messages import Instruction, Usage, UsageTotals
 from core.pump import FramePump
-from core.recording import TurnRecorder
+from core.recording import AsideSink, TurnRecorder
 from core.store import CompactionRecord, StartedTurn, Store, TurnStart, not_awaited
 from core.subagents import Claims, Subagents, SubagentSettings, format_report
-from core.text import plural
+from core.text import parse_command, plural
 from core.tools import Tool, ToolContext, called_from
 
 logger = logging.getLogger(__name__)
@@ -198,6 +198,99 @@ class TurnResult:
 
 
 @dataclass(frozen=True)
+class BodyEnding:
+    """How a body's work ended when it ended by itself (a stop or a failure is raised instead,
+    and the runner ends the turn the same way for every body)."""
+
+    outcome: Outcome = Outcome.DONE
+    note: str | None = None
+    """Said with the reply's ending ("answered at the limit of 10 model calls")."""
+    wrapped_up: bool = False
+
+
+def ending_of(result: LoopResult) -> BodyEnding:
+    """The ending an agent loop's result gives its turn."""
+    outcome = Outcome.CUT if result.cut else Outcome.DONE
+    if result.wrapped_up:
+        calls = result.model_calls
+        note = f"answered at the limit of {calls} model {plural(calls, 'call')}"
+        return BodyEnding(outcome, note, wrapped_up=True)
+    return BodyEnding(outcome)
+
+
+@dataclass
+class BodyTurn:
+    """A running turn as its body sees it: the conversation (the person's message last), the
+    agent with the tools it may use this turn, and the means to run the agent loop on them,
+    recorded as the turn. The runner has opened the turn and will end it; a body only works."""
+
+    request: TurnRequest
+    agent: AgentProfile
+    messages: list[dict[str, Any]]
+    tools: Mapping[str, Tool]
+    """Everything the agent may use this turn (approval-guarded where `[approvals].ask` says)."""
+    channel: Channel
+    turn_id: Callable[[], Awaitable[int]]
+    """The turn's row, once stored (a body's own records point at it)."""
+    _loop: Callable[[Mapping[str, Tool], int | None], AgentLoop]
+    _aside: Callable[[str, Mapping[str, Tool], int, str], AgentLoop]
+    _recorder: TurnRecorder
+
+    def loop(
+        self, tools: Mapping[str, Tool] | None = None, *, max_iterations: int | None = None
+    ) -> AgentLoop:
+        """The agent loop on the conversation, recorded as this turn and streamed into its
+        reply: with the turn's tools unless given others, and the agent's cap unless given."""
+        return self._loop(self.tools if tools is None else tools, max_iterations)
+
+    def aside(
+        self, model: str, tools: Mapping[str, Tool], *, max_iterations: int, doing: str
+    ) -> AgentLoop:
+        """A loop beside the conversation (it reads only the messages it is given): nothing it
+        says is stored or shown, its calls count as the turn's, and the reply shows `doing`."""
+        return self._aside(model, tools, max_iterations, doing)
+
+    def instruct(self, text: str) -> None:
+        """Tell the agent something before its next model call (a workflow's next step); it is
+        stored with the turn, so the conversation reads the same afterwards."""
+        self.messages.append(Instruction(text).to_wire())
+        self._recorder.instruct(Instruction(text))
+
+    def shown(self) -> str:
+        """The reply's text so far."""
+        return self._recorder.display_text()
+
+
+class TurnBody(Protocol):
+    """What runs inside a turn (ARCHITECTURE.md, "Turn bodies"). A stop arrives as a
+    cancellation and a failure is raised; a body that keeps state of its own stores it (awaited,
+    through the cancellation) before letting either go on."""
+
+    async def run(self, turn: BodyTurn) -> BodyEnding: ...
+
+
+class Workflow(TurnBody, Protocol):
+    """A body a command starts (`/plan <task>`), named by that command."""
+
+    usage: str
+    """What its command alone (`/plan`) answers."""
+
+    async def listing(self, place: str) -> str:
+        """Its recent runs in `place`, for a person (`/plans`)."""
+        ...
+
+
+class ChatBody:
+    """The agent loop on the conversation: what an ordinary message runs."""
+
+    async def run(self, turn: BodyTurn) -> BodyEnding:
+        return ending_of(await turn.loop().run(turn.messages))
+
+
+CHAT = ChatBody()
+
+
+@dataclass(frozen=True)
 class StopReport:
     stopped_running: bool
     dropped: int
@@ -229,6 +322,7 @@ class _Slot:
 class _Turn:
     request: TurnRequest
     slot: _Slot
+    body: TurnBody
     task: "asyncio.Task[TurnResult]" = field(init=False)
     stop_reason: str | None = None
     finishing: bool = False
@@ -275,6 +369,8 @@ class TurnRunner:
         """Asks before the tools that need a person's yes (`require_approvals`)."""
         self.mcp: McpServers | None = None
         """The MCP servers whose tools an agent's `mcp` names (`serve_mcp`)."""
+        self.workflows: dict[str, Workflow] = {}
+        """Turn bodies by the command that starts them (`plan`: a message `/plan <task>`)."""
 
     def serve_mcp(self, servers: McpServers) -> None:
         """Agents' and sub-agents' profiles may name tools of these servers."""
@@ -285,6 +381,17 @@ class TurnRunner:
         in a sub-agent's run."""
         self.approvals = self.subagents.approvals = approvals
 
+    def workflow_of(self, text: str) -> str | None:
+        """The workflow a message starts (`/plan <task>` → "plan"), or None for a chat turn."""
+        command = parse_command(text)
+        if command is None or not command.argument or command.name not in self.workflows:
+            return None
+        return command.name
+
+    def _body_for(self, text: str) -> TurnBody:
+        name = self.workflow_of(text)
+        return CHAT if name is None else self.workflows[name]
+
     # -- entry points --------------------------------------------------------------------------
 
     def submit(self, request: TurnRequest) -> "asyncio.Task[TurnResult]":
@@ -293,7 +400,7 @@ class TurnRunner:
             raise RuntimeError("the turn runner is shutting down")
         slot = self._slots.get_or_create(request.place, lambda: _Slot(request.place))
         self._slots.pin(request.place)  # invariant 2: pinned before the gate, for the task's life
-        turn = _Turn(request, slot)
+        turn = _Turn(request, slot, self._body_for(request.text))
         slot.waiting.append(turn)
         turn.task = asyncio.create_task(self._run(turn), name=f"turn {request.place}")
         turn.task.add_done_callback(lambda _: self._release(turn))
@@ -452,7 +559,7 @@ class TurnRunner:
         request, slot = turn.request, turn.slot
         channel = self._channels[request.platform]
         try:  # reads; a stop meanwhile still gets its turn recorded, as stopped
-            (messages, context), stopped_early = await _through_cancellation(self._prepare(slot))
+            (messages, context), stopped_early = await through_cancellation(self._prepare(slot))
         except Exception as exc:
             return await self._not_started(channel, request, exc)
         agent = slot.agent
@@ -490,34 +597,9 @@ class TurnRunner:
         offered = {**agent.tools, **self.shared_tools, **served, **tools}
         if self.approvals is not None:
             offered = self.approvals.guard(offered, settings.tool_timeout)
-        loop = AgentLoop(
-            self._model,
-            offered,
-            recorder,
-            LoopSettings(
-                agent=agent.name,
-                model=agent.model,
-                think=agent.think,
-                max_iterations=agent.max_iterations,
-                tool_timeout=settings.tool_timeout,
-                tool_grace=settings.tool_grace,
-            ),
-            Compactor(
-                self._model,
-                agent.model,
-                context,
-                slot.calibration,
-                lambda compaction: self._compacted(slot, recorder, compaction),
-            ),
-        )
         began = time.monotonic()
-
-        async def turn_id() -> int:
-            return (await _ids(starting))[1]
-
-        outcome, note, wrapped_up = await self._run_loop(
-            loop, messages, stopped_early, request, turn_id
-        )
+        scope = self._scope(turn, messages, offered, recorder, starting, context, settings)
+        outcome, note, wrapped_up = await self._run_body(turn.body, scope, stopped_early)
         turn.finishing = True  # the outcome is decided: a stop from here on changes nothing
         pump.halt()  # no frame after the answer is complete; the last edit is the notice's
         _replace(messages, sent, said)  # images go to the model with their own turn only
@@ -565,28 +647,85 @@ class TurnRunner:
         )
         recorder.delivered(reply.posted, reply.delivery.value)
 
-    async def _run_loop(
+    def _scope(
         self,
-        loop: AgentLoop,
-        messages: list[dict[str, object]],
-        stopped_early: bool,
-        request: TurnRequest,
-        turn_id: Callable[[], Awaitable[int]],
+        turn: _Turn,
+        messages: list[dict[str, Any]],
+        tools: Mapping[str, Tool],
+        recorder: TurnRecorder,
+        starting: "asyncio.Future[StartedTurn]",
+        context: ContextSettings,
+        settings: TurnSettings,
+    ) -> BodyTurn:
+        """The turn as its body sees it: loops on the conversation share one compactor and the
+        turn's recorder; loops aside share only the recorder's totals."""
+        request, slot = turn.request, turn.slot
+        agent = slot.agent
+        assert agent is not None
+        compactor = Compactor(
+            self._model,
+            agent.model,
+            context,
+            slot.calibration,
+            lambda compaction: self._compacted(slot, recorder, compaction),
+        )
+
+        def conversation_loop(tools: Mapping[str, Tool], iterations: int | None) -> AgentLoop:
+            return AgentLoop(
+                self._model,
+                tools,
+                recorder,
+                LoopSettings(
+                    agent=agent.name,
+                    model=agent.model,
+                    think=agent.think,
+                    max_iterations=iterations or agent.max_iterations,
+                    tool_timeout=settings.tool_timeout,
+                    tool_grace=settings.tool_grace,
+                ),
+                compactor,
+            )
+
+        def aside(model: str, tools: Mapping[str, Tool], iterations: int, doing: str) -> AgentLoop:
+            return AgentLoop(
+                self._model,
+                tools,
+                AsideSink(recorder, doing),
+                LoopSettings(
+                    agent=agent.name,
+                    model=model,
+                    max_iterations=iterations,
+                    tool_timeout=settings.tool_timeout,
+                    tool_grace=settings.tool_grace,
+                ),
+            )
+
+        async def turn_id() -> int:
+            return (await _ids(starting))[1]
+
+        channel = self._channels[request.platform]
+        return BodyTurn(
+            request, agent, messages, tools, channel, turn_id, conversation_loop, aside, recorder
+        )
+
+    async def _run_body(
+        self, body: TurnBody, scope: BodyTurn, stopped_early: bool
     ) -> tuple[Outcome, str | None, bool]:
-        """How the loop ended, the note to show with it, and whether it was wrapped up."""
+        """How the body ended, the note to show with it, and whether it was wrapped up."""
         if stopped_early:  # stopped while the turn was being opened
             return Outcome.STOPPED, None, False
+        request = scope.request
         context = ToolContext(
             request.platform,
             request.place,
             request.person,
             request.provenance.value,
             request.author or request.person or "",
-            turn=turn_id,
+            turn=scope.turn_id,
         )
         try:
             with called_from(context):
-                result = await loop.run(messages)
+                ending = await body.run(scope)
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             return Outcome.STOPPED, None, False
@@ -595,11 +734,7 @@ class TurnRunner:
         except Exception as exc:
             logger.exception("turn in %s failed unexpectedly", request.place)
             return Outcome.FAILED, f"internal error ({type(exc).__name__}); see the log", False
-        outcome = Outcome.CUT if result.cut else Outcome.DONE
-        if result.wrapped_up:
-            calls = result.model_calls
-            return outcome, f"answered at the limit of {calls} model {plural(calls, 'call')}", True
-        return outcome, None, False
+        return ending.outcome, ending.note, ending.wrapped_up
 
     async def _prepare(self, slot: _Slot) -> tuple[list[dict[str, Any]], ContextSettings]:
         """The conversation's model-facing history, and the window it must fit."""
@@ -871,7 +1006,7 @@ class SilentUnlessSaid:
         await self._reply.finish(text, outcome, note, tools=tuple(tools))
 
 
-async def _through_cancellation(awaitable: Awaitable[T]) -> tuple[T, bool]:
+async def through_cancellation(awaitable: Awaitable[T]) -> tuple[T, bool]:
     """Await `awaitable` to its end even if this task is cancelled meanwhile, and say whether it
     was. A queued store call runs whole either way; this keeps the turn's bookkeeping in step."""
     future = asyncio.ensure_future(awaitable)
@@ -889,7 +1024,7 @@ async def _through_cancellation(awaitable: Awaitable[T]) -> tuple[T, bool]:
 async def _store_failure(recorder: TurnRecorder) -> StoreError | None:
     """Wait until the turn's records are stored; the error if they could not be."""
     try:
-        await _through_cancellation(recorder.flushed())
+        await through_cancellation(recorder.flushed())
     except StoreError as exc:
         return exc
     return None

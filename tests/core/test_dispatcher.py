@@ -6,10 +6,10 @@ import logging
 import pytest
 
 from core.channel import ChannelMessage, Outcome
-from core.commands import parse_command
 from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.model import ModelClient
 from core.store import Store
+from core.text import parse_command
 from core.turns import AgentProfile, TurnRunner, TurnSettings
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import Done, FakeOllama, Pause, Text
