@@ -41,6 +41,11 @@ DECISIONS = {
     "allowed_here": "allowed it for this conversation",
     "denied": "denied it",
 }
+REVIEW_DECISIONS = {
+    "allowed": "approved it",
+    "edited": "asked for changes",
+    "denied": "rejected it",
+}
 
 
 class ApprovalDenied(KaiwaError):
@@ -56,10 +61,24 @@ class ApprovalSettings:
     timeout_seconds: float = 300.0
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What a person decided: `allowed`, `allowed_here`, `edited` (with `text`: what to change),
+    `denied`, `timed_out` or `cancelled`; `by` names who."""
+
+    decision: str
+    text: str = ""
+    by: str = ""
+
+
 @dataclass
 class _Question:
     approval: Approval
-    decided: "asyncio.Future[str]" = field(
+    words: Mapping[str, str] = field(default_factory=lambda: DECISIONS)
+    """What each decision is called when it is shown ("allowed it once")."""
+    personal: bool = False
+    """Only the person asked may answer, not the approvers (a plan is theirs to judge)."""
+    decided: "asyncio.Future[Answer]" = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
@@ -115,7 +134,7 @@ class Approvals:
                 f"{call} needs a person's approval, and nobody is here to give it (this is an "
                 "unattended run); tell the person what you would do instead"
             )
-        await self._decided(context, tool, call, f"May I run {call}?")
+        await self._allowed(context, tool, call, f"May I run {call}?")
 
     async def grant(self, what: str) -> None:
         """Ask once for a delegation (`what`: "find-apples (researcher) to use fetch_url"),
@@ -123,31 +142,78 @@ class Approvals:
         context = calling()
         if context is None or not context.attended:
             raise ApprovalDenied(f"letting {what} needs a person's approval, and nobody is here")
-        await self._decided(context, "delegate", what, f"May I let {what}?")
+        await self._allowed(context, "delegate", what, f"May I let {what}?")
 
-    async def _decided(self, context: ToolContext, tool: str, call: str, asking: str) -> None:
+    async def review(self, what: str, asking: str, wait_seconds: float) -> Answer:
+        """Ask the person whose message started the turn (only them) to approve `what` (a plan),
+        ask for changes, or reject it; `asking` is the question as shown. An unattended turn
+        has nobody to ask: it must not call this."""
+        context = calling()
+        assert context is not None and context.attended, "nobody is here to review"
+        key = "{key}"
+        buttons = [
+            Button("Approve", f"/approve {key}"),
+            Button("Edit", f"/edit {key}"),
+            Button("Reject", f"/deny {key}"),
+        ]
+        hint = f"/approve {key}, /edit {key} followed by what to change, or /deny {key}"
+        question = await self._ask(
+            context, "review", what, f"{asking} ({hint})", buttons, REVIEW_DECISIONS, True
+        )
+        return await self._answer_of(question, wait_seconds)
+
+    async def _allowed(self, context: ToolContext, tool: str, call: str, asking: str) -> None:
         if (context.place, tool) in self._granted:
             return
-        question = await self._ask(context, tool, call, asking)
+        key = "{key}"
+        buttons = [
+            Button("Allow once", f"/approve {key}"),
+            Button("Allow here", f"/approve {key} here"),
+            Button("Deny", f"/deny {key}"),
+        ]
+        hint = f"/approve {key}, /approve {key} here for this conversation, or /deny {key}"
+        question = await self._ask(
+            context, tool, call, f"{asking} ({hint})", buttons, DECISIONS, False
+        )
+        answer = await self._answer_of(question, self.settings.timeout_seconds)
+        if answer.decision == "allowed_here":
+            self._granted.add((context.place, tool))
+        if answer.decision not in ("allowed", "allowed_here"):
+            why = (
+                "nobody answered in time"
+                if answer.decision == "timed_out"
+                else "the person denied it"
+            )
+            raise ApprovalDenied(f"{call} was not allowed: {why}")
+
+    async def _answer_of(self, question: _Question, wait_seconds: float) -> Answer:
+        """Wait for the question's answer; after `wait_seconds` it is `timed_out`, and a
+        stop of the turn settles it `cancelled` before the stop goes on."""
         assert question.approval.id is not None
         try:
-            async with asyncio.timeout(self.settings.timeout_seconds):
-                decision = await question.decided
+            async with asyncio.timeout(wait_seconds):
+                return await question.decided
         except TimeoutError:
-            decision = "timed_out"
-            await self._settle(question, decision, None, "")
+            await self._settle(question, Answer("timed_out"))
+            return Answer("timed_out")
         except asyncio.CancelledError:
-            await asyncio.shield(self._settle(question, "cancelled", None, ""))
+            await asyncio.shield(self._settle(question, Answer("cancelled")))
             raise
         finally:
             self._questions.pop(question.approval.id, None)
-        if decision == "allowed_here":
-            self._granted.add((context.place, tool))
-        if decision not in ("allowed", "allowed_here"):
-            why = "nobody answered in time" if decision == "timed_out" else "the person denied it"
-            raise ApprovalDenied(f"{call} was not allowed: {why}")
 
-    async def _ask(self, context: ToolContext, tool: str, call: str, asking: str) -> _Question:
+    async def _ask(
+        self,
+        context: ToolContext,
+        tool: str,
+        call: str,
+        asking: str,
+        buttons: list[Button],
+        words: Mapping[str, str],
+        personal: bool,
+    ) -> _Question:
+        """Store the question, then post it; `{key}` in `asking` and the buttons' commands
+        becomes its number."""
         turn_id = await context.turn() if context.turn is not None else None
         approval = await self._store.add_approval(
             {
@@ -161,57 +227,60 @@ class Approvals:
                 "created_at": utc_now(),
             }
         )
-        assert approval.id is not None
-        question = _Question(approval)
-        self._questions[approval.id] = question
         key = approval.id
-        buttons = [
-            Button("Allow once", f"/approve {key}"),
-            Button("Allow here", f"/approve {key} here"),
-            Button("Deny", f"/deny {key}"),
-        ]
-        text = (
-            f"{asking} (/approve {key}, /approve {key} here for this conversation, or /deny {key})"
-        )
-        posted = await self._channels[context.platform].notify(context.place, text, buttons)
+        assert key is not None
+        question = _Question(approval, words, personal)
+        self._questions[key] = question
+        shown = [Button(b.label, b.command.format(key=key)) for b in buttons]
+        text = asking.format(key=key)
+        posted = await self._channels[context.platform].notify(context.place, text, shown)
         if posted:
             question.approval = approval.model_copy(update={"message_id": posted[-1]})
             await self._store.update_approval(key, {"message_id": posted[-1]})
         logger.info("approval %d asked in %s: %s", key, context.place, call)
         return question
 
-    async def answer(self, approval_id: int, person: str, name: str, decision: str) -> str:
-        """An answer (`allowed`, `allowed_here` or `denied`) from `person`, shown as `name`;
-        what to tell them."""
+    async def answer(
+        self, approval_id: int, person: str, name: str, decision: str, text: str = ""
+    ) -> str:
+        """An answer (`allowed`, `allowed_here`, `edited` with `text`, or `denied`) from
+        `person`, shown as `name`; what to tell them."""
         question = self._questions.get(approval_id)
         stored = question.approval if question else await self._store.approval(approval_id)
         if stored is None:
             return f"There is no question {approval_id}."
-        if person != stored.asked_of and person not in self.settings.approvers:
+        approvers = () if question is not None and question.personal else self.settings.approvers
+        if person != stored.asked_of and person not in approvers:
+            others = "" if question is not None and question.personal else " or an approver"
             return (
-                f"Only the person who asked ({stored.asked_of_name}) or an approver can answer "
+                f"Only the person who asked ({stored.asked_of_name}){others} can answer "
                 f"question {approval_id}."
             )
         if question is None or question.decided.done():
             return f"Question {approval_id} is already settled ({stored.status})."
-        if not await self._settle(question, decision, person, name):
+        if decision not in question.words:
+            return f"Question {approval_id} takes /approve or /deny."
+        if decision == "edited" and not text.strip():
+            return f"Say what to change: /edit {approval_id} followed by the change."
+        answer = Answer(decision, text.strip(), name)
+        if not await self._settle(question, answer, person):
             return f"Question {approval_id} is already settled."
-        question.decided.set_result(decision)
-        return f"You {DECISIONS[decision]}: {stored.call}."
+        question.decided.set_result(answer)
+        return f"You {question.words[decision]}: {stored.call}."
 
-    async def _settle(
-        self, question: _Question, status: str, person: str | None, name: str
-    ) -> bool:
+    async def _settle(self, question: _Question, answer: Answer, person: str | None = None) -> bool:
         """Store the decision (the first one wins) and edit the question to show it, naming
-        who decided (`name`)."""
+        who decided."""
         approval = question.approval
         assert approval.id is not None
-        values = {"status": status, "decided_by": person, "decided_at": utc_now()}
+        values = {"status": answer.decision, "decided_by": person, "decided_at": utc_now()}
         if not await self._store.decide_approval(approval.id, values):
             return False
         question.approval = approval.model_copy(update=values)
-        logger.info("approval %d in %s: %s by %s", approval.id, approval.place, status, person)
-        await self._show(approval, _outcome(approval.call, status, name))
+        logger.info(
+            "approval %d in %s: %s by %s", approval.id, approval.place, answer.decision, person
+        )
+        await self._show(approval, _outcome(approval.call, answer, question.words))
         return True
 
     async def _show(self, approval: Approval, text: str) -> None:
@@ -231,15 +300,16 @@ class Approvals:
             if await self._store.decide_approval(
                 approval.id, {"status": "expired", "decided_at": utc_now()}
             ):
-                await self._show(approval, _outcome(approval.call, "expired", ""))
+                await self._show(approval, _outcome(approval.call, Answer("expired"), DECISIONS))
         return len(left)
 
 
-def _outcome(call: str, status: str, name: str) -> str:
-    if status in DECISIONS:
-        return f"{call}: {name} {DECISIONS[status]}."
-    if status == "timed_out":
+def _outcome(call: str, answer: Answer, words: Mapping[str, str]) -> str:
+    if answer.decision in words:
+        asked = f" ({answer.text})" if answer.text else ""
+        return f"{call}: {answer.by} {words[answer.decision]}{asked}."
+    if answer.decision == "timed_out":
         return f"{call}: not run; nobody answered in time."
-    if status == "cancelled":
+    if answer.decision == "cancelled":
         return f"{call}: not run; the reply was stopped."
     return f"{call}: not run; Kaiwa restarted before anyone answered."
