@@ -6,7 +6,8 @@ exactly what production code sees. Each reply is scripted as a list of steps (te
 tool calls, pauses, errors, broken connections); ``reached``/``release`` and ``stalled`` give
 tests handshakes instead of sleeps. Scripts are compiled into chunk messages once, when queued,
 so a stream costs one ``json.dumps`` and one write per chunk: ``python -m tests.fakes.ollama``
-serves the same app on its own for benchmarks that drive many concurrent streams through it.
+serves the same app on its own for benchmarks that drive many concurrent streams through it, and
+for trying a real `kaiwa` process by hand (`--script` queues answers, tool calls included).
 
 ``/api/show`` reports a context length per model, and every chat request's prompt is sized by
 ``prompt_tokens``, a fixed rule of 3 characters a token that deliberately differs from a client's
@@ -28,6 +29,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, NoReturn, Self
 
 from aiohttp import web
@@ -558,9 +560,25 @@ class FakeOllama:
         await _forever()
 
 
-async def _serve(port: int, chunks: int, delay_ms: float, model: str) -> None:
+def scripted_steps(line: str) -> list[Step]:
+    """One response of a `--script` file: a JSON list of `{"text": ...}`, `{"tool": name,
+    "arguments": {...}}` and `{"delay_ms": n}` (before each following chunk)."""
+    steps: list[Step] = []
+    for item in json.loads(line):
+        if "tool" in item:
+            steps.append(ToolCall(item["tool"], item.get("arguments", {})))
+        elif "delay_ms" in item:
+            steps.append(ChunkDelay(item["delay_ms"] / 1000))
+        else:
+            steps.append(Text(item["text"], item.get("chunks", 1)))
+    return steps
+
+
+async def _serve(port: int, chunks: int, delay_ms: float, model: str, script: list[str]) -> None:
     fake = FakeOllama(models=[model])
     fake.default = [ChunkDelay(delay_ms / 1000), Text(BENCHMARK_REPLY, chunks)]
+    for line in filter(str.strip, script):
+        fake.script(*scripted_steps(line))
     await fake.start(port)
     print(f"READY {fake.url}", flush=True)
     try:
@@ -575,9 +593,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--chunks", type=int, default=50, help="text chunks per reply")
     parser.add_argument("--delay-ms", type=float, default=2.0, help="sleep before each chunk")
     parser.add_argument("--model", default="test-model", help="the one model served")
+    parser.add_argument(
+        "--script",
+        type=Path,
+        help="answers served first, in order: one JSON list of steps per line "
+        '([{"text": "Hi"}], [{"tool": "current_time", "arguments": {}}], ...)',
+    )
     args = parser.parse_args(argv)
+    script = args.script.read_text(encoding="utf-8").splitlines() if args.script else []
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args.port, args.chunks, args.delay_ms, args.model))
+        asyncio.run(_serve(args.port, args.chunks, args.delay_ms, args.model, script))
 
 
 if __name__ == "__main__":
