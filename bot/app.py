@@ -15,7 +15,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, TextIO
@@ -43,6 +43,7 @@ from core.store import Store
 from core.text import plural
 from core.tools import ToolRegistry, builtin_tools
 from core.turns import AgentProfile, TurnRunner, TurnSettings
+from workflows.plan import PlanWorkflow
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,13 @@ def turn_settings(config: Config, store: Store | None = None) -> TurnSettings:
 
     def served(name: str) -> bool:
         return name in servers or name.partition(".")[0] in servers
+
+    for name in config.workflows.plan.critic_tools:
+        if name not in registry.names():
+            raise ConfigError(
+                f"workflows.plan.critic_tools: unknown tool '{name}'; valid tools: "
+                f"{', '.join(sorted(registry.names()))}"
+            )
 
     profiles = {
         name: AgentProfile(
@@ -274,8 +282,11 @@ async def _serve(
     servers = McpServers(config.mcp)
     await servers.start()  # before any turn: its tools are there from the first message
     runner.serve_mcp(servers)
-    if config.approvals.ask:
-        runner.require_approvals(Approvals(store, channels, config.approvals))
+    approvals = Approvals(store, channels, config.approvals)
+    runner.require_approvals(approvals)
+    planning = PlanWorkflow(store, approvals, config.workflows.plan)
+    if config.workflows.plan.enabled:
+        runner.workflows["plan"] = planning
     scheduler = _scheduler(config, store, runner, channels)
     memory = Memory(store, config.memory) if config.memory.enabled else None
     if memory is not None:
@@ -305,7 +316,10 @@ async def _serve(
         _announce_ready(adapters, settings, described), name="start line"
     )
     scheduling = asyncio.create_task(
-        _once_connected(scheduler, runner.approvals, adapters), name="after connecting"
+        _once_connected(
+            scheduler, approvals, adapters, lambda: planning.show_interrupted(left.plans, channels)
+        ),
+        name="after connecting",
     )
     status = 0
     try:
@@ -360,18 +374,22 @@ def _scheduler(
 
 
 async def _once_connected(
-    scheduler: Scheduler | None, approvals: Approvals | None, adapters: list[Adapter]
+    scheduler: Scheduler | None,
+    approvals: Approvals,
+    adapters: list[Adapter],
+    show_interrupted_plans: Callable[[], Awaitable[None]],
 ) -> None:
     """Once every channel is up (or has had its time to come up): mark the questions a dead
-    process left unanswered expired, on the platform too, and start firing, so a firing due
-    while Kaiwa was down finds its channel connected."""
+    process left unanswered expired, on the platform too, show its plans interrupted, and start
+    firing, so a firing due while Kaiwa was down finds its channel connected."""
     waits = [asyncio.create_task(adapter.connected.wait()) for adapter in adapters]
     await asyncio.wait(waits, timeout=CONNECT_ANNOUNCE_SECONDS)
     for wait in waits:
         wait.cancel()
     try:
-        if approvals is not None and (expired := await approvals.expire_leftovers()):
+        if expired := await approvals.expire_leftovers():
             logger.info("%d unanswered %s marked expired", expired, plural(expired, "question"))
+        await show_interrupted_plans()
         if scheduler is not None:
             count = await scheduler.start()
             logger.info("scheduler started: %d %s", count, plural(count, "task"))

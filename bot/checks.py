@@ -28,7 +28,8 @@ async def _model_problems(config: Config, model: ModelClient) -> list[str]:
         available = await model.list_models()
     except ModelError as exc:
         return [str(exc)]
-    wanted = sorted({agent.model for agent in config.agents.values()})
+    critic = config.workflows.plan.critic_model
+    wanted = sorted({agent.model for agent in config.agents.values()} | ({critic} - {""}))
     return [
         f"model {name} not found: run `ollama pull {name}`"
         for name in wanted

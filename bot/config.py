@@ -52,6 +52,7 @@ from core.model import ModelSettings
 from core.schedule import ScheduleSettings
 from core.store import StoreSettings
 from core.subagents import SubagentSettings
+from workflows.plan import PlanSettings
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +141,11 @@ class ChannelsConfig:
 
 
 @dataclass(frozen=True)
+class WorkflowsConfig:
+    plan: PlanSettings = field(default_factory=PlanSettings)
+
+
+@dataclass(frozen=True)
 class Config:
     assistant: AssistantConfig = field(default_factory=AssistantConfig)
     ollama: ModelSettings = field(default_factory=ModelSettings)
@@ -151,6 +157,7 @@ class Config:
     memory: MemorySettings = field(default_factory=MemorySettings)
     fetch: FetchSettings = field(default_factory=FetchSettings)
     approvals: ApprovalSettings = field(default_factory=ApprovalSettings)
+    workflows: WorkflowsConfig = field(default_factory=WorkflowsConfig)
     mcp: dict[str, McpServerSettings] = field(default_factory=dict)
     storage: StorageConfig = field(default_factory=StorageConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -416,6 +423,9 @@ def _checked(config: Config) -> Config:
         "fetch.max_bytes": config.fetch.max_bytes,
         "fetch.max_chars": config.fetch.max_chars,
         "approvals.timeout_seconds": config.approvals.timeout_seconds,
+        "workflows.plan.review_rounds": config.workflows.plan.review_rounds,
+        "workflows.plan.person_wait_seconds": config.workflows.plan.person_wait_seconds,
+        "workflows.plan.max_steps": config.workflows.plan.max_steps,
         "storage.write_retry_seconds": config.storage.write_retry_seconds,
         "storage.connections": config.storage.connections,
         "logging.max_bytes": config.logging.max_bytes,

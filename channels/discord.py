@@ -117,7 +117,9 @@ COMMANDS_WITH_WORDS = {
     "agents": "a name or id; stop NAME; tell NAME MESSAGE",
     "tasks": "pause|resume|cancel|run ID",
     "memory": "forget ID",
+    "plan": "the task to plan and carry out",
     "approve": "ID, or ID here",
+    "edit": "ID, then what to change",
     "deny": "ID",
 }
 """Slash commands that take what follows them (as typed after `!agents`), and its description."""

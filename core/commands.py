@@ -30,8 +30,11 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("agents", "sub-agents here; /agents <name>, /agents stop <name>, /agents tell <name> <text>"),
     ("tasks", "scheduled tasks here; /tasks pause|resume|cancel|run <id>"),
     ("memory", "the notes kept for you; /memory forget <id>"),
-    ("approve", "let a tool call run: /approve <id>, or /approve <id> here for this conversation"),
-    ("deny", "refuse a tool call: /deny <id>"),
+    ("plan", "plan a task, have the plan reviewed, then carry it out: /plan <task>"),
+    ("plans", "the plans of this conversation and where each stands"),
+    ("approve", "say yes to a question: /approve <id> (a tool call: /approve <id> here too)"),
+    ("edit", "ask for changes to a plan you are asked to approve: /edit <id> <what to change>"),
+    ("deny", "say no to a question: /deny <id>"),
     ("help", "list the commands"),
 )
 """Every command and its one-line summary, for /help and for platforms' command menus."""
@@ -40,6 +43,8 @@ USAGE_TURNS_SHOWN = 20
 AGENTS_SHOWN = 12
 AGENT_STEPS_SHOWN = 6
 TASK_VERBS = ("pause", "resume", "cancel", "run")
+PLANS_OFF = "The /plan workflow is off ([workflows.plan].enabled = false in config.toml)."
+APPROVE_USAGE = {"approve": " [here]", "edit": " WHAT TO CHANGE"}
 NO_TASKS = (
     'No scheduled tasks here. Ask for one in words ("every weekday at 9:00, summarize the '
     'open incidents here") and I will schedule it.'
@@ -70,7 +75,10 @@ class Commands:
             "agents": self._agents,
             "tasks": self._tasks,
             "memory": self._notes,
+            "plan": self._plan,
+            "plans": self._plans,
             "approve": self._approve,
+            "edit": self._approve,
             "deny": self._approve,
             "help": self._help,
         }
@@ -247,19 +255,34 @@ class Commands:
             return f"No notes kept {whose}. Ask me to remember something."
         return f"Notes kept {whose}, newest first:\n" + "\n".join(map(describe_note, notes))
 
+    async def _plan(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
+        """`/plan` without a task (with one, it is a turn: the dispatcher queues it)."""
+        workflow = self._runner.workflows.get("plan")
+        answer = workflow.usage if workflow else PLANS_OFF
+        await channel.notify(message.place, answer)
+
+    async def _plans(self, message: ChannelMessage, channel: Channel, _: Command) -> None:
+        workflow = self._runner.workflows.get("plan")
+        answer = await workflow.listing(message.place) if workflow else PLANS_OFF
+        await channel.notify(message.place, answer)
+
     async def _approve(self, message: ChannelMessage, channel: Channel, command: Command) -> None:
-        """`/approve ID [here]` and `/deny ID`: an answer to a tool call's question."""
-        key, _, scope = command.argument.strip().removeprefix("#").partition(" ")
+        """`/approve ID [here]`, `/edit ID CHANGE` and `/deny ID`: an answer to a question."""
+        key, _, rest = command.argument.strip().removeprefix("#").partition(" ")
+        rest = rest.strip()
         if self._approvals is None:
-            answer = "No tool here needs approval ([approvals].ask is empty)."
-        elif not key.isdigit() or scope.strip() not in ("", "here"):
-            answer = f"Usage: /{command.name} ID" + (" [here]" if command.name == "approve" else "")
+            answer = "Nothing here asks for approval."
+        elif not key.isdigit() or (command.name != "edit" and rest not in ("", "here")):
+            answer = f"Usage: /{command.name} ID" + APPROVE_USAGE.get(command.name, "")
         else:
-            decision = "denied" if command.name == "deny" else "allowed"
-            if decision == "allowed" and scope.strip() == "here":
+            decision = {"deny": "denied", "edit": "edited"}.get(command.name, "allowed")
+            if decision == "allowed" and rest == "here":
                 decision = "allowed_here"
             name = message.author_name or message.author_id
-            answer = await self._approvals.answer(int(key), message.author_id, name, decision)
+            change = rest if command.name == "edit" else ""
+            answer = await self._approvals.answer(
+                int(key), message.author_id, name, decision, change
+            )
         await channel.notify(message.place, answer)
 
     async def _help(self, message: ChannelMessage, channel: Channel, _: Command) -> None:

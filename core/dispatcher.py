@@ -12,6 +12,8 @@
 3. Commands are matched before anything queues: a command is never sent to the model and never
    waits behind a running turn. It runs before `handle` returns, so a message that arrives after
    it is handled after it (a `/new` then a question: the question opens the new conversation).
+   A workflow's command with its task (`/plan <task>`) is no command: it is a turn like any
+   message, which the turn runner gives that workflow's body.
 4. Messages with nothing to read (a bare mention, a sticker), images the agent's model cannot
    read, and oversized messages are answered with the reason, and no model is called.
 5. Anything else starts a turn as a background task, so the channel keeps reading. While Kaiwa
@@ -113,7 +115,8 @@ class Dispatcher:
         not acknowledge it."""
         message = replace(message, text=clean(message.text))
         stranger = self._access.refusal(message)
-        command = None if stranger else parse_command(message.text)
+        starts_workflow = self._runner.workflow_of(message.text) is not None
+        command = None if stranger or starts_workflow else parse_command(message.text)
         refusal = stranger or (None if command else self._content_refusal(message))
         status = "refused" if refusal else "command" if command else "turn"
         try:

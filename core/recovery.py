@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from core.channel import Channel, Outcome, platform_of
 from core.store import Store, Unfinished
-from core.tables import InboundEvent, SubagentRun
+from core.tables import InboundEvent, Plan, SubagentRun, utc_now
 from core.turns import Provenance, TurnRequest, TurnRunner
 
 logger = logging.getLogger(__name__)
@@ -55,19 +55,23 @@ class Leftovers:
     """Sub-agent reports that never reached their conversations, with their places."""
     waiting: dict[int, str] = field(default_factory=dict)
     """The calls turns were waiting to have approved, by turn id."""
+    plans: list[Plan] = field(default_factory=list)
+    """Plans that were unfinished, now marked interrupted (their messages still say otherwise)."""
 
     def __bool__(self) -> bool:
         return bool(self.turns or self.messages or self.runs or self.reports)
 
 
 async def leftovers(store: Store) -> Leftovers:
-    """Read before anything of this process runs: all that is running then is left over."""
+    """Read before anything of this process runs: all that is running then is left over (and
+    the plans left unfinished are marked interrupted, before a plan of this process exists)."""
     return Leftovers(
         await store.unfinished_turns(),
         await store.unanswered_messages(),
         await store.live_runs(),
         await store.undelivered_reports(),
         {a.turn_id: a.call for a in await store.pending_approvals() if a.turn_id is not None},
+        await store.close_unfinished_plans(utc_now()),
     )
 
 

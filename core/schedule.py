@@ -477,14 +477,15 @@ class Scheduler:
     async def _run(self, task: ScheduledTask, run_id: int, slot: datetime, late: bool) -> None:
         assert task.id is not None
         task_id = task.id
-        request = TurnRequest(
+        workflow = self._runner.workflow_of(task.prompt) is not None
+        request = TurnRequest(  # a workflow's command (`/plan …`) is run as it is, never silent
             platform=task.platform,
             place=task.place,
-            text=self._prompt(task, slot, late),
+            text=task.prompt if workflow else self._prompt(task, slot, late),
             provenance=Provenance.SCHEDULE,
             author=f"task #{task_id}",
             proceed=lambda: task_id not in self._cancelled,
-            silent_marker=self.settings.silent_marker,
+            silent_marker=None if workflow else self.settings.silent_marker,
         )
         self.handed_over.set()  # run_unattended queues the turn before it first waits
         result = await self._runner.run_unattended(request)
@@ -716,7 +717,11 @@ def task_tools(scheduler: Scheduler, agent_of: Callable[[str, str], str]) -> lis
 
     @tool()
     async def schedule_task(
-        prompt: Annotated[str, "what to do each time it fires, as you would ask yourself"],
+        prompt: Annotated[
+            str,
+            "what to do each time it fires, as you would ask yourself; '/plan TASK' plans the "
+            "task, has the plan reviewed and carries it out",
+        ],
         cron: Annotated[str, "five-field cron in the task's zone, e.g. '0 9 * * 1-5'"] = "",
         every_minutes: Annotated[int, "or: run every N minutes"] = 0,
         at: Annotated[str, "or: run once at this local date-time, '2026-12-24 18:00'"] = "",

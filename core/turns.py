@@ -4,8 +4,13 @@ A turn is a background task. `submit` returns at once so the channel keeps readi
 makes `/stop` possible); per conversation, turns run one at a time in arrival order, and different
 conversations run side by side.
 
+What runs inside a turn is its body (ARCHITECTURE.md, "Turn bodies"): chat, or a workflow a
+command starts (`/plan`). The runner holds the invariants around every body, so a body never
+takes a gate, pins, or tells the channel how the turn ended.
+
 Invariants (ARCHITECTURE.md); each names the bug it prevents and the test that guards it (in
-tests/core/test_turns.py unless named otherwise):
+tests/core/test_turns.py unless named otherwise; tests/workflows/test_plan.py repeats 1-7 with
+the plan body):
 
 1. **One gate hold per turn, taken once.** Nothing that holds a conversation's gate calls code
    that takes one; settings are a snapshot read when the turn starts. Prevents a turn deadlocking
@@ -230,11 +235,17 @@ class BodyTurn:
     tools: Mapping[str, Tool]
     """Everything the agent may use this turn (approval-guarded where `[approvals].ask` says)."""
     channel: Channel
-    turn_id: Callable[[], Awaitable[int]]
-    """The turn's row, once stored (a body's own records point at it)."""
+    _ids: Callable[[], Awaitable[tuple[int, int]]]
     _loop: Callable[[Mapping[str, Tool], int | None], AgentLoop]
     _aside: Callable[[str, Mapping[str, Tool], int, str], AgentLoop]
     _recorder: TurnRecorder
+
+    async def ids(self) -> tuple[int, int]:
+        """The turn's conversation and row, once stored (a body's own records point at them)."""
+        return await self._ids()
+
+    async def turn_id(self) -> int:
+        return (await self._ids())[1]
 
     def loop(
         self, tools: Mapping[str, Tool] | None = None, *, max_iterations: int | None = None
@@ -700,12 +711,17 @@ class TurnRunner:
                 ),
             )
 
-        async def turn_id() -> int:
-            return (await _ids(starting))[1]
-
         channel = self._channels[request.platform]
         return BodyTurn(
-            request, agent, messages, tools, channel, turn_id, conversation_loop, aside, recorder
+            request,
+            agent,
+            messages,
+            tools,
+            channel,
+            lambda: _ids(starting),
+            conversation_loop,
+            aside,
+            recorder,
         )
 
     async def _run_body(

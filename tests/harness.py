@@ -24,6 +24,7 @@ from core.tools import Tool, builtin_tools, tool
 from core.turns import AgentProfile, TurnRunner, TurnSettings
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import FakeOllama
+from workflows.plan import PlanSettings, PlanWorkflow
 
 SYSTEM_PROMPT = "You are a test assistant."
 PLACE = "test:one"
@@ -116,10 +117,12 @@ async def make_bot(
         approvals: ApprovalSettings | None = None,
         mcp: tuple[str, ...] = (),
         tool_timeout: float = 5.0,
+        plan: PlanSettings | None = None,
     ) -> Bot:
         """`schedule`: with a scheduler (its task tools given to the agent), on `clock`, with
         no timers: firings happen when the test calls `scheduler.fire_due()`. `memory`: with
-        the notes tools and `/memory`. `approvals`: the tools it names ask first."""
+        the notes tools and `/memory`. `approvals`: the tools it names ask first. `plan`: with
+        the `/plan` workflow."""
         channel = channel or RecordingChannel()
         chosen = tools if tools is not None else [echo, *builtin_tools("UTC")]
         settings = TurnSettings(
@@ -145,8 +148,11 @@ async def make_bot(
         channels = {channel.platform: channel}
         runner = TurnRunner(used_store, model, channels, settings)
         runners.append(runner)
-        if approvals is not None:
-            runner.require_approvals(Approvals(used_store, channels, approvals))
+        if approvals is not None or plan is not None:
+            asking = Approvals(used_store, channels, approvals or ApprovalSettings())
+            runner.require_approvals(asking)
+            if plan is not None:
+                runner.workflows["plan"] = PlanWorkflow(used_store, asking, plan)
         scheduler = None
         if schedule is not None:
             scheduler = Scheduler(

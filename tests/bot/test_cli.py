@@ -321,6 +321,17 @@ async def test_an_unknown_tool_to_ask_about_is_refused_not_silently_unguarded(
     assert "fetch_url" in err and "remember" in err and "schedule_task" in err
 
 
+async def test_an_unknown_critic_tool_is_a_configuration_error(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, ollama.url)
+    config.write_text(config.read_text() + '\n[workflows.plan]\ncritic_tools = ["web"]\n')
+    code, _, err = await finish(await kaiwa("--config", str(config), "check"))
+    assert code == 2
+    assert err.startswith("kaiwa: configuration error: workflows.plan.critic_tools: unknown tool")
+    assert "'web'" in err and "fetch_url" in err
+
+
 async def test_check_lists_each_mcp_server_with_its_tools_or_why_it_is_down(
     ollama: FakeOllama, tmp_path: Path
 ) -> None:

@@ -16,6 +16,7 @@ from core.schedule import ScheduleSettings, When
 from core.tools import ToolContext
 from tests.channels.platforms import ANN, BOB, MALLORY, POOL_SIZE, WITH_HELPERS, Platform, research
 from tests.fakes.ollama import ChunkDelay, Done, Pause, Text, ToolCall
+from workflows.plan import PlanSettings
 
 SENTENCE = "A paragraph of explanation that goes on for a while. "
 STORM = 20
@@ -479,3 +480,31 @@ async def _replies(platform: Platform, replies: list[Reply]) -> None:
 async def _reply(reply: Reply, n: int) -> None:
     await reply.finish(f"Answer {n}.", Outcome.DONE, None)
     assert reply.delivery is Delivery.SHOWN
+
+
+@pytest.mark.bot(plan=PlanSettings(ask_person=True, critic_tools=[]))
+async def test_a_plan_asks_with_buttons_and_edits_one_progress_message(platform: Platform) -> None:
+    """The plan's question has Approve / Edit / Reject; once approved, one progress message is
+    edited in place as the steps move (▶ running, ✓ done), never posted again."""
+    ollama = platform.bot.ollama
+    ollama.script(ToolCall("submit_plan", {"steps": [{"what": "Look", "done_when": "seen"}]}))
+    ollama.script(ToolCall("verdict", {"approved": True, "reasons": "Fine."}))
+    ollama.script(Pause("looking"), Text("Looked."))
+    ollama.script(Text("I looked."))
+    approve = payload(Button("Approve", "/approve 1"))
+
+    platform.say(ANN, "/plan look around")
+    await platform.wait_until(lambda: approve in platform.buttons(ANN), "the question")
+    assert platform.buttons(ANN) == [approve, "kaiwa:edit 1", "kaiwa:deny 1"]
+    platform.press(ANN, approve)
+    await ollama.reached("looking")
+
+    def progress() -> list[str]:
+        return [text for text in platform.shown(ANN) if text.startswith("Plan #1: look around")]
+
+    running = "Plan #1: look around\n▶ 1. Look\nRunning: 0 of 1 step done."
+    await platform.wait_until(lambda: progress() == [running], "the step running")
+    ollama.release("looking")
+    done = "Plan #1: look around\n✓ 1. Look\nDone. Reviewer: Fine."
+    await platform.wait_until(lambda: progress() == [done], "the plan done, in the same message")
+    await platform.wait_until(lambda: "Looked.\n\nI looked." in platform.shown(ANN), "the reply")

@@ -9,7 +9,7 @@ from core.channel import ChannelMessage, Outcome
 from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.model import ModelClient
 from core.store import Store
-from core.text import parse_command
+from core.text import Command, parse_command
 from core.turns import AgentProfile, TurnRunner, TurnSettings
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import Done, FakeOllama, Pause, Text
@@ -229,6 +229,8 @@ def test_parse_command() -> None:
     assert parse_command("hello /stop") is None
     assert parse_command("/") is None
     assert parse_command("/ 42") is None
+    multiline = parse_command("/plan\nfirst this,\n then that")
+    assert multiline == Command("plan", "first this,\n then that"), "a task may start a line down"
 
 
 async def test_a_message_during_shutdown_is_kept_for_the_next_start(bot: Bot) -> None:
