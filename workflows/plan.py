@@ -54,6 +54,8 @@ MARKS = {
     "stopped": "■",
     "not_run": "–",
 }
+JUDGED = ("reviewing", "awaiting_person", "rejected")
+"""Plan states whose progress message shows each step in full."""
 NUMBERED = re.compile(r"^\s*(\d+)[.)]\s+(.+)$")
 
 DRAFT = """[Kaiwa /plan] Before doing anything, write a plan for this task:
@@ -514,11 +516,17 @@ def _verdict_from_text(text: str) -> _Verdict:
 
 
 def progress_text(plan: Plan) -> str:
-    """The progress message: the task, each step with its mark, and where the plan stands."""
+    """The progress message: the task, each step with its mark, and where the plan stands.
+    While the plan is judged (before anything runs), each step also shows its tools and what
+    counts as done: what the reviewer and the person approve."""
     lines = [f"Plan #{plan.id}: {_clip(plan.task)}"]
+    detailed = plan.status in JUDGED
     for number, step in enumerate(plan.steps, 1):
         mark = MARKS.get(step.get("status", "waiting"), "·")
         lines.append(f"{mark} {number}. {step['what']}")
+        if detailed:
+            tools, done_when = step.get("tools") or "any", step.get("done_when") or "?"
+            lines.append(f"   tools: {tools}; done when: {done_when}")
     lines.append(_standing(plan))
     return "\n".join(lines)
 

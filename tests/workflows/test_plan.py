@@ -285,6 +285,12 @@ async def test_the_person_approves_by_button_and_the_plan_runs(make_bot: BotFact
 
     await bot.send("/plan tidy up", author="ann")
     await asked(bot)
+    assert progress(bot).splitlines() == [
+        "Plan #1: tidy up",
+        "· 1. Tidy up",
+        "   tools: any; done when: Tidy up: done",  # what Ann approves, in full
+        "Waiting for the approval of the person who asked. Reviewer: Sound.",
+    ]
     buttons = bot.channel.buttons[bot.channel.notices_in(PLACE).index(QUESTION)]
     assert buttons == (
         Button("Approve", "/approve 1"),
