@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 
 from core.channel import Frame
 from core.errors import StoreError
@@ -38,6 +37,8 @@ from core.messages import (
     UsageTotals,
 )
 from core.store import (
+    PENDING_DELIVERY,
+    UNSURE_DELIVERY,
     CompactionRecord,
     StartedTurn,
     Store,
@@ -80,6 +81,9 @@ class TurnRecorder(LoopSink):
         self._ending: TurnState | None = None
         self._writes: list[asyncio.Future[None]] = []
         self._failure: BaseException | None = None
+        self._unsaved = False
+        self._framed = False
+        """A frame was saved to be shown: a post may be out whose id is not known yet."""
         self.on_change: Callable[[], None] = _nothing
 
     @property
@@ -166,13 +170,17 @@ class TurnRecorder(LoopSink):
 
     def save_partial(self) -> "asyncio.Future[None]":
         """Queue a save of what a frame would show now (the message being streamed, and an
-        answer not yet written); resolves once it and every earlier write are stored."""
+        answer not yet written); resolves once it and every earlier write are stored. Before
+        the first frame, the turn is marked as maybe shown (a status line is posted too), so a
+        restart never runs again a turn whose first post may be out."""
+        first = not self._framed
+        self._framed = True
         messages = self._take_answer()
         if (self._text, self._thinking) != self._saved:
             partial = AssistantMessage(self._text, self._thinking, partial=True)
             messages.append((self._seq, partial))
             self._saved = (self._text, self._thinking)
-        self._write(messages)
+        self._write(messages, state=self._state() if first else None)
         return asyncio.ensure_future(self.flushed())
 
     def note_posted(self, posted: tuple[str, ...]) -> None:
@@ -192,21 +200,28 @@ class TurnRecorder(LoopSink):
             error,
             utc_now(),
             self._reply_ids,
+            delivery=(  # until the last edit is made (`delivered`)
+                UNSURE_DELIVERY if self._framed and not self._reply_ids else PENDING_DELIVERY
+            ),
             wrapped_up=wrapped_up,
         )
         self._ending = state
         self._write(self._take_answer(), state=state)
 
     def delivered(self, posted: tuple[str, ...], delivery: str) -> None:
-        """After the notice: what the platform shows of the reply, if not the final text."""
-        if self._ending is not None and self._settled:
-            state = replace(self._ending, reply_ids=posted, delivery=delivery)
-            not_awaited(self._submit(([], state, None)), "recording what the platform shows")
+        """After the notice: what the platform shows of the reply. Until this is stored, a
+        restart finds the turn undelivered and makes its last edit (`core.recovery`). Not for
+        a turn whose records could not be saved (`mark_unsaved` ends it; nothing to show)."""
+        if self._ending is None or self._started is None or self._unsaved:
+            return
+        marking = self._store.mark_delivered(self._started.turn_id, delivery, posted)
+        not_awaited(marking, "recording what the platform shows")
 
     def mark_unsaved(self, error: str) -> None:
         """The turn's records could not all be written: once the database is back, the turn
         ends `failed` (a durable write, queued after the ones that failed). A turn whose own row
         was never stored has nothing to mark."""
+        self._unsaved = True
         if self._started is None:
             return
         state = TurnState("failed", self.usage, None, error, utc_now(), self._reply_ids)
@@ -238,7 +253,8 @@ class TurnRecorder(LoopSink):
         return [(self._seq - 1, held)]
 
     def _state(self) -> TurnState:
-        return TurnState("running", self.usage, reply_ids=self._reply_ids)
+        unsure = UNSURE_DELIVERY if self._framed and not self._reply_ids else None
+        return TurnState("running", self.usage, reply_ids=self._reply_ids, delivery=unsure)
 
     def _write(
         self,

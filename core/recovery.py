@@ -26,8 +26,8 @@ import logging
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 
-from core.channel import Channel, Outcome, platform_of
-from core.store import Store, Unfinished
+from core.channel import Channel, Delivery, Outcome, platform_of
+from core.store import UNSURE_DELIVERY, Store, Unfinished
 from core.tables import InboundEvent, Plan, SubagentRun, utc_now
 from core.turns import Provenance, TurnRequest, TurnRunner
 
@@ -57,9 +57,11 @@ class Leftovers:
     """The calls turns were waiting to have approved, by turn id."""
     plans: list[Plan] = field(default_factory=list)
     """Plans that were unfinished, now marked interrupted (their messages still say otherwise)."""
+    undelivered: list[Unfinished] = field(default_factory=list)
+    """Turns stored as ended whose last edit was never made."""
 
     def __bool__(self) -> bool:
-        return bool(self.turns or self.messages or self.runs or self.reports)
+        return bool(self.turns or self.messages or self.runs or self.reports or self.undelivered)
 
 
 async def leftovers(store: Store) -> Leftovers:
@@ -72,6 +74,7 @@ async def leftovers(store: Store) -> Leftovers:
         await store.undelivered_reports(),
         {a.turn_id: a.call for a in await store.pending_approvals() if a.turn_id is not None},
         await store.close_unfinished_plans(utc_now()),
+        await store.undelivered_turns(),
     )
 
 
@@ -90,7 +93,7 @@ class Recovery:
             why = WAITED.format(call=waited) if waited else INTERRUPTED
             closing = self._store.close_interrupted(unfinished, why)
             await self._guarded(closing, f"closing turn {unfinished.turn.id}")
-        platforms = {platform_of(each.place) for each in left.turns} | {
+        platforms = {platform_of(each.place) for each in [*left.turns, *left.undelivered]} | {
             each.platform for each in left.messages
         }
         await asyncio.gather(*(self._resolve_on(platform, left) for platform in platforms))
@@ -110,6 +113,7 @@ class Recovery:
     async def _resolve_on(self, platform: str, left: Leftovers) -> None:
         channel = self._channels.get(platform)
         turns = [each for each in left.turns if platform_of(each.place) == platform]
+        undelivered = [each for each in left.undelivered if platform_of(each.place) == platform]
         messages = [each for each in left.messages if each.platform == platform]
         if channel is None:
             logger.warning(
@@ -127,8 +131,27 @@ class Recovery:
             return
         for unfinished in turns:
             await self._guarded(self._tell(channel, unfinished), f"turn {unfinished.turn.id}")
+        for ended in undelivered:
+            await self._guarded(self._show_ending(channel, ended), f"turn {ended.turn.id}")
         for message in messages:
             await self._guarded(self._answer(message), f"message {message.id}")
+
+    async def _show_ending(self, channel: Channel, ended: Unfinished) -> None:
+        """A turn that ended and was stored, whose process died before its last edit: the
+        edit is made now (on the reply it posted, if it posted one), so the person sees it."""
+        turn = ended.turn
+        assert turn.id is not None
+        if turn.delivery == UNSURE_DELIVERY and not turn.reply_ids:
+            await channel.notify(ended.place, _resend(ended))  # an answer may be out already
+            await self._store.mark_delivered(turn.id, Delivery.STALE.value)
+            logger.info("turn %s in %s: the person is asked to send it again", turn.id, ended.place)
+            return
+        outcome = Outcome(turn.status)
+        note = turn.error if outcome is Outcome.FAILED else None
+        reply = channel.open_reply(ended.place, ended.reply_to, posted=turn.reply_ids or ())
+        await reply.finish(_said(ended), outcome, note)
+        await self._store.mark_delivered(turn.id, reply.delivery.value)
+        logger.info("turn %s in %s: its ending is shown now", turn.id, ended.place)
 
     async def _tell(self, channel: Channel, unfinished: Unfinished) -> None:
         """Show the person what became of the turn: the reply marked, the message run again,
@@ -146,11 +169,7 @@ class Recovery:
             await channel.notify(place, CUT_FIRING)
             logger.info("turn %s in %s: a scheduled run, said to be cut short", turn.id, place)
         else:
-            asked = _excerpt(unfinished.messages[0].text if unfinished.messages else "")
-            await channel.notify(
-                place,
-                f"I was restarted before I could finish answering {asked}. Please send it again.",
-            )
+            await channel.notify(place, _resend(unfinished))
             logger.info("turn %s in %s: the person is asked to send it again", turn.id, place)
 
     async def _answer(self, message: InboundEvent) -> None:
@@ -176,13 +195,33 @@ class Recovery:
             logger.exception("recovering after a restart: %s failed", what)
 
 
+def _resend(unfinished: Unfinished) -> str:
+    asked = _excerpt(unfinished.messages[0].text if unfinished.messages else "")
+    return f"I was restarted before I could finish answering {asked}. Please send it again."
+
+
 def _may_run_again(unfinished: Unfinished) -> bool:
-    """Nothing shown (checked by the caller), no tool asked for (so running it again repeats
-    no side effect), a person's message, and not itself a second attempt."""
+    """Nothing shown, no tool asked for (so running it again repeats no side effect), a
+    person's message, and not itself a second attempt. "Nothing shown" is read from the store:
+    a frame is saved before it is shown (`core.pump`), and the first one marks the turn
+    `unsure` (a status line is a frame too), so a turn without that mark and with no text or
+    thinking stored showed nothing. One with it but no reply id may have posted in the instant
+    before the id was written (a kill lands anywhere): running it again could answer twice, so
+    the person is asked instead."""
+    said_something = any(
+        message.role == "assistant" and (message.text or message.thinking)
+        for message in unfinished.messages
+    )
     asked_for_tools = any(
         message.role == "assistant" and message.tool_calls for message in unfinished.messages
     )
-    return unfinished.turn.attempt == 1 and unfinished.reply_to is not None and not asked_for_tools
+    return (
+        unfinished.turn.attempt == 1
+        and unfinished.reply_to is not None
+        and unfinished.turn.delivery != UNSURE_DELIVERY
+        and not asked_for_tools
+        and not said_something
+    )
 
 
 def _again(unfinished: Unfinished) -> TurnRequest:

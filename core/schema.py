@@ -5,6 +5,10 @@ database work, and on every start but the first after an upgrade there is nothin
 the revision stamped in the database is compared with `SCHEMA_HEAD` first, and Alembic is
 imported only when they differ. tests/core/test_store.py keeps `SCHEMA_HEAD` equal to the newest
 migration in core/migrations/versions.
+
+Several workers may start at once on one PostgreSQL database: the upgrade then runs under a
+transaction-level advisory lock, and the stamp is read again once it is held, so one worker
+migrates and the others find the work done.
 """
 
 from pathlib import Path
@@ -13,8 +17,9 @@ from sqlalchemy import Connection, Engine, inspect, text
 
 from core.errors import StoreError
 
-SCHEMA_HEAD = "0010"
+SCHEMA_HEAD = "0011"
 MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATION_LOCK = 0x4B41495741  # "KAIWA": one migration at a time per database
 
 
 def ensure_schema(engine: Engine) -> None:
@@ -22,6 +27,10 @@ def ensure_schema(engine: Engine) -> None:
     with engine.begin() as connection:
         if stamped_revision(connection) == SCHEMA_HEAD:
             return
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+            if stamped_revision(connection) == SCHEMA_HEAD:  # another worker migrated meanwhile
+                return
         _upgrade(connection)
 
 

@@ -49,7 +49,9 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    or_,
     select,
+    union,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -92,6 +94,11 @@ logger = logging.getLogger(__name__)
 Row = TypeVar("Row", bound=SQLModel)
 T = TypeVar("T")
 BACKENDS = ("sqlite", "postgresql")
+PENDING_DELIVERY = "pending"
+"""A turn's `delivery` between its stored ending and its last edit (`undelivered_turns`)."""
+UNSURE_DELIVERY = "unsure"
+"""The same, for a reply whose first post may be out with its id not yet known: a restart
+cannot edit it, and must not post the answer a second time."""
 INSTRUCTION_AUTHOR = "kaiwa"
 """The author of the instructions Kaiwa adds to a turn (a workflow's steps), as stored."""
 
@@ -120,6 +127,8 @@ class Inbound:
     text: str
     author: str | None = None
     status: str = "received"
+    author_id: str | None = None
+    """The platform's id of the person (`author` is their name as shown)."""
 
 
 @dataclass(frozen=True)
@@ -313,6 +322,7 @@ class Store:
                 "place": inbound.place,
                 "text": inbound.text,
                 "author": inbound.author,
+                "author_id": inbound.author_id,
                 "status": inbound.status,
                 "claim": token,
                 "received_at": utc_now(),
@@ -349,18 +359,47 @@ class Store:
         """Messages recorded for a turn that never started (a crash or a shutdown came first),
         oldest first."""
         table = InboundEvent.__table__  # type: ignore[attr-defined]
-        turns = Turn.__table__  # type: ignore[attr-defined]
+        statement = select(table).where(_untaken(table)).order_by(table.c.id)
+        return self._call(
+            lambda connection: _rows(connection, InboundEvent, statement), autocommit=True
+        )
+
+    def queued_messages(self, place: str) -> Awaitable[list[InboundEvent]]:
+        """The messages of one place recorded for a turn that no turn has taken up yet (the
+        `unanswered_messages` rule), oldest first: what its owner answers when it takes the
+        place over, whichever worker recorded them."""
+        table = InboundEvent.__table__  # type: ignore[attr-defined]
         statement = (
-            select(table)
-            .where(
-                table.c.status == "turn",
-                ~select(turns.c.id).where(turns.c.inbound_event_id == table.c.id).exists(),
-            )
-            .order_by(table.c.id)
+            select(table).where(table.c.place == place, _untaken(table)).order_by(table.c.id)
         )
         return self._call(
             lambda connection: _rows(connection, InboundEvent, statement), autocommit=True
         )
+
+    def places_waiting(self) -> Awaitable[list[str]]:
+        """The places with work left in the store, sorted: a message no turn has taken up, or
+        a turn still `running` or not yet shown to have ended (its worker may have died). These
+        are the places to recover, one at a time, by whoever owns each."""
+        inbox = InboundEvent.__table__  # type: ignore[attr-defined]
+        turns = Turn.__table__  # type: ignore[attr-defined]
+        conversations = Conversation.__table__  # type: ignore[attr-defined]
+        queued = select(inbox.c.place).where(_untaken(inbox))
+        running = (
+            select(conversations.c.place)
+            .join(turns, turns.c.conversation_id == conversations.c.id)
+            .where(
+                or_(
+                    turns.c.status == "running",
+                    turns.c.delivery.in_((PENDING_DELIVERY, UNSURE_DELIVERY)),
+                )
+            )
+        )
+        statement = union(queued, running)  # UNION drops duplicates
+
+        def run(connection: Connection) -> list[str]:
+            return sorted(connection.execute(statement).scalars())
+
+        return self._call(run, autocommit=True)
 
     def mark_inbound(self, event_id: int, status: str) -> Awaitable[None]:
         return self._call(_updater(InboundEvent, event_id, {"status": status}), autocommit=True)
@@ -567,16 +606,33 @@ class Store:
 
         return self._call(run)
 
-    def unfinished_turns(self) -> Awaitable[list[Unfinished]]:
-        """Turns left `running` (by a process that died: this one has started none yet), oldest
-        first, with their messages and place."""
+    def unfinished_turns(self, place: str | None = None) -> Awaitable[list[Unfinished]]:
+        """Turns left `running` (by a process that died: the caller runs none of them), oldest
+        first, with their messages and place: everywhere, or only `place`'s (a worker taking
+        one place over)."""
         turns = Turn.__table__  # type: ignore[attr-defined]
+        return self._turns_left(select(turns).where(turns.c.status == "running"), place)
+
+    def undelivered_turns(self, place: str | None = None) -> Awaitable[list[Unfinished]]:
+        """Turns that ended, were stored, and died before their last edit was made (`delivery`
+        still `pending`): the person has not seen how they ended."""
+        turns = Turn.__table__  # type: ignore[attr-defined]
+        statement = select(turns).where(
+            turns.c.status != "running",
+            turns.c.delivery.in_((PENDING_DELIVERY, UNSURE_DELIVERY)),
+        )
+        return self._turns_left(statement, place)
+
+    def _turns_left(self, statement: Any, place: str | None) -> Awaitable[list[Unfinished]]:
+        turns = Turn.__table__  # type: ignore[attr-defined]
+        if place is not None:
+            statement = statement.where(turns.c.conversation_id.in_(_conversations_in(place)))
 
         def run(connection: Connection) -> list[Unfinished]:
-            running = _rows(connection, Turn, select(turns).where(turns.c.status == "running"))
+            left = _rows(connection, Turn, statement)
             found = []
-            for turn in sorted(running, key=lambda each: each.id or 0):
-                place = connection.execute(
+            for turn in sorted(left, key=lambda each: each.id or 0):
+                turn_place = connection.execute(
                     _place_statement(), {"id": turn.conversation_id}
                 ).scalar_one()
                 messages = _rows(connection, Message, _of_turn_statement(), turn_id=turn.id)
@@ -585,10 +641,20 @@ class Store:
                     reply_to = connection.execute(
                         _platform_id_statement(), {"id": turn.inbound_event_id}
                     ).scalar()
-                found.append(Unfinished(turn, place, messages, reply_to))
+                found.append(Unfinished(turn, turn_place, messages, reply_to))
             return found
 
         return self._call(run)
+
+    def mark_delivered(
+        self, turn_id: int, delivery: str, reply_ids: Sequence[str] | None = None
+    ) -> Awaitable[None]:
+        """What the platform shows of an ended turn's reply (and the messages it posted), once
+        its last edit was made: the turn is no longer `undelivered`."""
+        values: dict[str, Any] = {"delivery": delivery}
+        if reply_ids is not None:
+            values["reply_ids"] = list(reply_ids)
+        return self._call(_updater(Turn, turn_id, values), durable=True)
 
     def close_interrupted(self, unfinished: Unfinished, error: str) -> Awaitable[None]:
         """End a turn a dead process left running: `interrupted`, with `error`, and a result for
@@ -794,15 +860,17 @@ class Store:
 
         return self._call(finish, durable=True)
 
-    def close_unfinished_task_runs(self) -> Awaitable[int]:
-        """Runs a dead process left `running` end `interrupted` (read at start-up); how many."""
+    def close_unfinished_task_runs(self, place: str | None = None) -> Awaitable[int]:
+        """Runs a dead process left `running` end `interrupted` (read at start-up, or when a
+        worker takes `place` over: then only the runs of tasks in that place); how many."""
         table = TaskRun.__table__  # type: ignore[attr-defined]
-        statement = (
-            update(table)
-            .where(table.c.outcome == "running")
-            .values(
-                outcome="interrupted", error="Kaiwa stopped during the run", finished_at=utc_now()
-            )
+        statement = update(table).where(table.c.outcome == "running")
+        if place is not None:
+            tasks = ScheduledTask.__table__  # type: ignore[attr-defined]
+            in_place = select(tasks.c.id).where(tasks.c.place == place)
+            statement = statement.where(table.c.task_id.in_(in_place))
+        statement = statement.values(
+            outcome="interrupted", error="Kaiwa stopped during the run", finished_at=utc_now()
         )
         return self._call(lambda connection: connection.execute(statement).rowcount, durable=True)
 
@@ -891,10 +959,14 @@ class Store:
     def approval(self, approval_id: int) -> Awaitable[Approval | None]:
         return self._call(_finding(Approval, approval_id), autocommit=True)
 
-    def pending_approvals(self) -> Awaitable[list[Approval]]:
-        """Approvals still `pending` (read at start-up: a dead process's questions)."""
+    def pending_approvals(self, place: str | None = None) -> Awaitable[list[Approval]]:
+        """Approvals still `pending` (read at start-up, a dead process's questions; or when a
+        worker takes `place` over, only those asked there)."""
         table = Approval.__table__  # type: ignore[attr-defined]
-        statement = select(table).where(table.c.status == "pending").order_by(table.c.id)
+        statement = select(table).where(table.c.status == "pending")
+        if place is not None:
+            statement = statement.where(table.c.place == place)
+        statement = statement.order_by(table.c.id)
         return self._call(lambda c: _rows(c, Approval, statement), autocommit=True)
 
     # -- plans ---------------------------------------------------------------------------------
@@ -918,18 +990,21 @@ class Store:
 
         return self._call(run, autocommit=True)
 
-    def close_unfinished_plans(self, now: datetime) -> Awaitable[list[Plan]]:
-        """Plans a dead process left unfinished end `interrupted` (read at start-up), a running
-        step `stopped` and waiting ones `not_run`; the plans as they now are, so their progress
-        messages can be edited to say so. They are read back by (`interrupted`, `now`), so a
-        transaction replayed after its COMMIT answer was lost returns them too."""
+    def close_unfinished_plans(
+        self, now: datetime, place: str | None = None
+    ) -> Awaitable[list[Plan]]:
+        """Plans a dead process left unfinished end `interrupted` (read at start-up; or, when a
+        worker takes `place` over, only that place's), a running step `stopped` and waiting
+        ones `not_run`; the plans as they now are, so their progress messages can be edited to
+        say so. They are read back by (`interrupted`, `now`, the place), so a transaction
+        replayed after its COMMIT answer was lost returns them too, and no other place's."""
         table = Plan.__table__  # type: ignore[attr-defined]
         unfinished = select(table).where(table.c.status.in_(_UNFINISHED_PLANS))
-        closed = (
-            select(table)
-            .where(table.c.status == "interrupted", table.c.updated_at == now)
-            .order_by(table.c.id)
-        )
+        closed = select(table).where(table.c.status == "interrupted", table.c.updated_at == now)
+        if place is not None:
+            unfinished = unfinished.where(table.c.place == place)
+            closed = closed.where(table.c.place == place)
+        closed = closed.order_by(table.c.id)
 
         def run(connection: Connection) -> list[Plan]:
             for plan in _rows(connection, Plan, unfinished):
@@ -978,6 +1053,19 @@ def _interrupted(call: dict[str, Any]) -> ToolResult:
     made = ToolCall(call["id"], call["name"], call["arguments"])
     text = INTERRUPTED_TOOL.format(name=call["name"])
     return ToolResult(made, text, ToolStatus.INTERRUPTED)
+
+
+def _untaken(inbox: Any) -> Any:
+    """An inbox row recorded for a turn that no turn has taken up (none points at it)."""
+    turns = Turn.__table__  # type: ignore[attr-defined]
+    taken = select(turns.c.id).where(turns.c.inbound_event_id == inbox.c.id).exists()
+    return (inbox.c.status == "turn") & ~taken
+
+
+def _conversations_in(place: str) -> Any:
+    """The ids of every conversation `place` has had (a closed one's turns are still its)."""
+    conversations = Conversation.__table__  # type: ignore[attr-defined]
+    return select(conversations.c.id).where(conversations.c.place == place)
 
 
 def _active_conversation(connection: Connection, place: str) -> Conversation | None:

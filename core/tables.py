@@ -102,6 +102,9 @@ class InboundEvent(SQLModel, table=True):
     status: str = Field(max_length=20)
     text: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     author: str | None = Field(default=None, max_length=200)
+    """The person's name as shown."""
+    author_id: str | None = Field(default=None, max_length=200)
+    """The platform's id of the person, so any worker can answer them as the one who wrote."""
     claim: str | None = Field(default=None, max_length=32)
     received_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
 

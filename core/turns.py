@@ -527,6 +527,10 @@ class TurnRunner:
                 raise
         return compaction
 
+    def has_live(self, place: str) -> bool:
+        """Whether a turn of `place` runs or waits."""
+        return any(turn.request.place == place for turn in self._live)
+
     def handles(self, inbound_event_id: int) -> bool:
         """Whether a live turn (queued or running) answers this recorded message."""
         return any(turn.request.inbound_event_id == inbound_event_id for turn in self._live)
@@ -646,7 +650,9 @@ class TurnRunner:
         )
 
     def _note_delivery(self, request: TurnRequest, recorder: TurnRecorder, reply: Reply) -> None:
-        """A reply the platform does not show in full is said in the log and the store."""
+        """What the platform shows of the reply goes to the store (a turn stored but never
+        shown is made visible after a crash); one it does not show in full, to the log too."""
+        recorder.delivered(reply.posted, reply.delivery.value)
         if reply.delivery is Delivery.SHOWN:
             return
         shows = "nothing" if reply.delivery is Delivery.NOTHING else "an older text"
@@ -656,7 +662,6 @@ class TurnRunner:
             request.place,
             shows,
         )
-        recorder.delivered(reply.posted, reply.delivery.value)
 
     def _scope(
         self,

@@ -27,6 +27,7 @@ async def crashed(
     posted: Sequence[str] = (),
     asked_for_a_tool: bool = False,
     attempt: int = 1,
+    framed: bool = False,
 ) -> None:
     """What a process killed mid-turn leaves: the message, a turn `running` and its records."""
     claim = await store.claim_inbound(Inbound("test", message_id, PLACE, text, "ann", "turn"))
@@ -40,7 +41,7 @@ async def crashed(
         messages.append((1, AssistantMessage("Let me check.", tool_calls=calls)))
     if said:
         messages.append((len(messages) + 1, AssistantMessage(said, partial=True)))
-    state = TurnState(reply_ids=tuple(posted))
+    state = TurnState(reply_ids=tuple(posted), delivery="unsure" if framed else None)
     await store.record_turn(
         started.conversation_id, started.turn_id, messages=messages, state=state
     )
@@ -96,6 +97,67 @@ async def test_a_turn_that_showed_nothing_and_ran_no_tool_is_run_again_once(
     assert [m["content"] for m in bot.ollama.requests[0]["messages"]][-1] == "what is 2 + 2?"
     await bot.send("what is 2 + 2?", message_id="m-sum")  # the platform delivers it again
     assert len(bot.channel.replies) == 1, "answered once"
+
+
+async def test_a_turn_that_saved_text_but_no_reply_id_is_not_run_again(
+    make_bot: BotFactory, store: Store
+) -> None:
+    """Regression (found killing cluster workers): a frame is saved, then posted, then its id is
+    written; a kill between the post and the id left a message the restart could not see, and
+    running the turn again answered the person twice. Now the person is asked instead."""
+    await crashed(store, "what is 2 + 2?", "m-sum", said="It is", framed=True)
+
+    bot = await restart(make_bot, store)
+
+    await bot.channel.wait_until(lambda: bot.channel.notices_in(PLACE), "the notice")
+    assert bot.channel.notices_in(PLACE) == [
+        "I was restarted before I could finish answering “what is 2 + 2?”. Please send it again."
+    ]
+    assert bot.channel.replies == [] and bot.ollama.requests == []
+
+
+async def test_a_turn_that_posted_only_a_status_line_is_not_run_again(
+    make_bot: BotFactory, store: Store
+) -> None:
+    """Regression (found killing cluster workers): "waiting for the model" was posted, the
+    kill came before its id was written, nothing else was stored, and the turn ran again: two
+    replies. The first frame marks the turn `unsure` before it is shown."""
+    await crashed(store, "what is 2 + 2?", "m-sum", framed=True)
+
+    bot = await restart(make_bot, store)
+
+    await bot.channel.wait_until(lambda: bot.channel.notices_in(PLACE), "the notice")
+    assert bot.channel.replies == [] and bot.ollama.requests == []
+
+
+async def test_a_turn_stored_as_ended_but_never_shown_is_shown_at_the_next_start(
+    make_bot: BotFactory, store: Store
+) -> None:
+    """Records come before the last edit (invariant 5): a kill between the two left a reply
+    the store had as done and the person never saw end. The next start makes that edit."""
+    claim = await store.claim_inbound(Inbound("test", "m-done", PLACE, "hello", "ann", "turn"))
+    start = TurnStart(PLACE, "assistant", SYSTEM_PROMPT, "person", "hello", "ann", claim.event_id)
+    started = await store.start_turn(start)
+    ended = TurnState("done", reply_ids=("reply-1",), delivery="pending")
+    await store.record_turn(
+        started.conversation_id,
+        started.turn_id,
+        messages=[(1, AssistantMessage("Hello, Ann."))],
+        state=ended,
+    )
+
+    bot = await restart(make_bot, store)
+
+    (reply,) = await bot.channel.finished()
+    assert (reply.taken_up, reply.outcome, reply.text) == (
+        ("reply-1",),
+        Outcome.DONE,
+        "Hello, Ann.",
+    )
+    await bot.runner.wait_idle(PLACE)
+    (turn,) = await bot.turns()
+    assert (turn.status, turn.delivery) == ("done", "shown")
+    assert bot.ollama.requests == []
 
 
 async def test_a_message_that_crashed_kaiwa_twice_is_not_run_a_third_time(

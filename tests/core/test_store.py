@@ -328,25 +328,9 @@ async def test_a_task_slot_is_claimed_once_however_many_claim_it(any_store: Stor
     """Schedulers that read the same row race for its slot: one moves `next_run` on and gets
     the run; the others, and a claim of the same slot after a restart, get None."""
     slot, following = datetime(2026, 12, 1, 8, tzinfo=UTC), datetime(2026, 12, 2, 8, tzinfo=UTC)
-    task = await any_store.create_task(
-        {
-            "platform": "t",
-            "place": "t:p",
-            "agent": "assistant",
-            "name": "digest",
-            "prompt": "the digest",
-            "cron": "0 8 * * *",
-            "timezone": "UTC",
-            "misfire": "once",
-            "enabled": True,
-            "consecutive_failures": 0,
-            "created_by": "ann",
-            "created_at": slot,
-            "next_run": slot,
-        }
-    )
+    task = await any_store.create_task(_task("t:p", slot))
     assert task.id is not None
-    run = {"late": False, "missed_slots": 0, "outcome": "running", "started_at": slot}
+    run = _running(slot)
 
     claims = await asyncio.gather(
         *(any_store.claim_slot(task.id, slot, run, (slot, following)) for _ in range(5))
@@ -361,6 +345,28 @@ async def test_a_task_slot_is_claimed_once_however_many_claim_it(any_store: Stor
     assert claimed.outcome == "running"
     await any_store.update_task(task.id, {"cancelled_at": slot})
     assert await any_store.tasks() == []
+
+
+def _task(place: str, slot: datetime) -> dict[str, Any]:
+    return {
+        "platform": "t",
+        "place": place,
+        "agent": "assistant",
+        "name": "digest",
+        "prompt": "the digest",
+        "cron": "0 8 * * *",
+        "timezone": "UTC",
+        "misfire": "once",
+        "enabled": True,
+        "consecutive_failures": 0,
+        "created_by": "ann",
+        "created_at": slot,
+        "next_run": slot,
+    }
+
+
+def _running(slot: datetime) -> dict[str, Any]:
+    return {"late": False, "missed_slots": 0, "outcome": "running", "started_at": slot}
 
 
 async def test_messages_are_searched_within_a_space_with_wildcards_taken_literally(
@@ -480,3 +486,133 @@ async def test_unfinished_plans_are_interrupted_with_their_steps_ended(any_store
     assert again is not None and (again.status, again.steps) == ("interrupted", closed[-1].steps)
     assert again.updated_at is not None and aware(again.updated_at) == now
     assert await any_store.close_unfinished_plans(utc_now()) == []
+
+
+# -- one place at a time: what a worker taking a place over reads and closes ---------------------
+
+
+async def test_the_inbox_keeps_the_authors_platform_id(any_store: Store) -> None:
+    await any_store.claim_inbound(
+        Inbound("t", "1", "t:p", "hi", "Ann", "turn", author_id="U42" + "9" * 300)
+    )
+    await any_store.claim_inbound(Inbound("t", "2", "t:p", "hi again", "Ann", "turn"))
+
+    first, second = await any_store.queued_messages("t:p")
+
+    assert (first.author, first.author_id) == ("Ann", "U42" + "9" * 197), "cut to its column"
+    assert (second.author, second.author_id) == ("Ann", None)
+
+
+async def _message(store: Store, number: int, place: str, status: str = "turn") -> int:
+    claim = await store.claim_inbound(Inbound("t", str(number), place, f"m{number}", None, status))
+    return claim.event_id
+
+
+async def test_queued_messages_are_a_places_untaken_ones_oldest_first(any_store: Store) -> None:
+    first = await _message(any_store, 1, "t:a")
+    taken = await _message(any_store, 2, "t:a")
+    await any_store.start_turn(TurnStart("t:a", "a", "S.", "person", "m2", inbound_event_id=taken))
+    await _message(any_store, 3, "t:a", "command")
+    await _message(any_store, 4, "t:a", "dropped")
+    elsewhere = await _message(any_store, 5, "t:b")
+    last = await _message(any_store, 6, "t:a")
+
+    assert [event.id for event in await any_store.queued_messages("t:a")] == [first, last]
+    assert [event.text for event in await any_store.queued_messages("t:a")] == ["m1", "m6"]
+    assert [event.id for event in await any_store.queued_messages("t:b")] == [elsewhere]
+    assert await any_store.queued_messages("t:nothing") == []
+
+
+async def test_places_waiting_are_those_with_untaken_messages_or_running_turns(
+    any_store: Store,
+) -> None:
+    await _message(any_store, 1, "t:queued")
+    await any_store.start_turn(TurnStart("t:running", "a", "S.", "person", "hi"))
+    await _message(any_store, 2, "t:both")
+    await _message(any_store, 3, "t:both")
+    await any_store.start_turn(TurnStart("t:both", "a", "S.", "person", "hi"))
+    answered = await _message(any_store, 4, "t:answered")
+    done = await any_store.start_turn(
+        TurnStart("t:answered", "a", "S.", "person", "m4", inbound_event_id=answered)
+    )
+    ended = TurnState("done", ended_at=utc_now())
+    await any_store.record_turn(done.conversation_id, done.turn_id, state=ended)
+    await _message(any_store, 5, "t:command", "command")
+
+    assert await any_store.places_waiting() == ["t:both", "t:queued", "t:running"]
+
+
+async def test_unfinished_turns_of_one_place_leave_other_places_alone(any_store: Store) -> None:
+    mine = await any_store.start_turn(TurnStart("t:a", "a", "S.", "person", "mine"))
+    assert mine.conversation_id is not None
+    await any_store.close_conversation(mine.conversation_id)  # still the place's turn
+    later = await any_store.start_turn(TurnStart("t:a", "a", "S.", "person", "later"))
+    other = await any_store.start_turn(TurnStart("t:b", "a", "S.", "person", "other"))
+
+    found = await any_store.unfinished_turns("t:a")
+
+    assert [(u.turn.id, u.place) for u in found] == [(mine.turn_id, "t:a"), (later.turn_id, "t:a")]
+    assert [u.turn.id for u in await any_store.unfinished_turns("t:b")] == [other.turn_id]
+    assert len(await any_store.unfinished_turns()) == 3
+
+
+async def test_closing_one_places_task_runs_leaves_other_places_alone(any_store: Store) -> None:
+    slot = datetime(2026, 12, 1, 8, tzinfo=UTC)
+    runs = {}
+    for place in ("t:a", "t:b"):
+        task = await any_store.create_task(_task(place, slot))
+        assert task.id is not None
+        await any_store.claim_slot(task.id, slot, _running(slot))
+        runs[place] = task.id
+
+    assert await any_store.close_unfinished_task_runs("t:a") == 1
+
+    (closed,) = await any_store.task_runs(runs["t:a"])
+    (left,) = await any_store.task_runs(runs["t:b"])
+    assert (closed.outcome, left.outcome) == ("interrupted", "running")
+    assert await any_store.close_unfinished_task_runs("t:a") == 0
+    assert await any_store.close_unfinished_task_runs() == 1
+
+
+async def test_closing_one_places_plans_leaves_and_reads_back_no_other_place(
+    any_store: Store,
+) -> None:
+    """Both are closed at the same `now`: the read-back of one place's must not return the
+    other's, already closed ones."""
+    plans = {}
+    for place in ("t:a", "t:b"):
+        started = await any_store.start_turn(TurnStart(place, "a", "S.", "person", "hi"))
+        plan = {**_plan(started.conversation_id, "running", [_step("one", "running")])}
+        plans[place] = await any_store.add_plan(plan | {"place": place})
+    now = utc_now() + timedelta(seconds=1)
+
+    (closed,) = await any_store.close_unfinished_plans(now, "t:b")
+    assert closed.id == plans["t:b"].id
+    left = await any_store.plan(plans["t:a"].id or 0)
+    assert left is not None and left.status == "running"
+
+    (closed,) = await any_store.close_unfinished_plans(now, "t:a")
+    assert (closed.id, closed.status) == (plans["t:a"].id, "interrupted")
+    assert len(await any_store.close_unfinished_plans(now)) == 2, "both, read back everywhere"
+
+
+async def test_pending_approvals_of_one_place_leave_other_places_alone(any_store: Store) -> None:
+    added = {}
+    for place in ("t:a", "t:b", "t:a"):
+        approval = await any_store.add_approval(
+            {
+                "turn_id": None,
+                "place": place,
+                "tool": "shell",
+                "call": "shell(ls)",
+                "asked_of": "U1",
+                "asked_of_name": "Ann",
+                "status": "pending",
+                "created_at": utc_now(),
+            }
+        )
+        added.setdefault(place, []).append(approval.id)
+
+    assert [a.id for a in await any_store.pending_approvals("t:a")] == added["t:a"]
+    assert [a.id for a in await any_store.pending_approvals("t:b")] == added["t:b"]
+    assert len(await any_store.pending_approvals()) == 3
