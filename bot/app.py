@@ -24,22 +24,25 @@ from bot import kaiwa_version
 from bot.checks import find_problems
 from bot.config import Config
 from bot.logs import PRINTED, setup_logging
-from bot.supervision import Supervised
+from bot.supervision import Leased, Supervised
 from channels.places import space_of
 from channels.settings import DiscordSettings, SlackSettings
 from channels.terminal import TerminalChannel, stdin_lines
 from core.approvals import Approvals
 from core.archive import archive_tools
-from core.channel import Channel
+from core.channel import Channel, Deliver
+from core.cluster import Coordinator, cluster_view, worker_name
 from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.errors import ConfigError, ModelError, StoreError
 from core.fetch import fetch_tool
 from core.mcp_servers import McpServers
 from core.memory import MEMORY_TOOLS, Memory, memory_tools
 from core.model import ModelClient
+from core.owners import Owners
 from core.recovery import Leftovers, Recovery, leftovers
 from core.schedule import TASK_TOOLS, Scheduler, describe_tasks, task_tools
 from core.store import Store
+from core.tables import utc_now
 from core.text import plural
 from core.tools import ToolRegistry, builtin_tools
 from core.turns import AgentProfile, TurnRunner, TurnSettings
@@ -222,6 +225,8 @@ async def status(config: Config, output: TextIO = sys.stdout) -> int:
         f"turns today: {counted} ({outcomes})\n"
         f"tokens today: {summary.prompt_tokens:,} in, {summary.output_tokens:,} out\n"
     )
+    if config.cluster.enabled:
+        await _cluster_status(config, output)
     if summary.failures:
         output.write("last errors:\n")
     for turn in summary.failures:
@@ -231,13 +236,26 @@ async def status(config: Config, output: TextIO = sys.stdout) -> int:
     return 0
 
 
+async def _cluster_status(config: Config, output: TextIO) -> None:
+    platforms = ("telegram", "slack", "discord")
+    workers, holders = await cluster_view(
+        config.database_url(), config.cluster, [f"channel:{p}" for p in platforms]
+    )
+    output.write(f"workers: {', '.join(workers) or 'none running'}\n")
+    for platform in platforms:
+        if f"channel:{platform}" in holders:
+            output.write(f"  {platform} connection: held by {holders[f'channel:{platform}']}\n")
+
+
 async def run(
     config: Config, stop_requested: asyncio.Event, terminal: TerminalIO, *, debug: bool = False
 ) -> int:
     """`kaiwa run`: check, start the channels, serve until input ends or a stop is requested.
     Returns the exit status: 0, or 1 when a problem stopped Kaiwa."""
-    setup_logging(config.logging, config.data_dir, config.secrets(), debug=debug)
+    worker = worker_name(config.cluster) if config.cluster.enabled else ""
+    setup_logging(config.logging, config.data_dir, config.secrets(), debug=debug, worker=worker)
     turn_settings(config)  # a config error stops Kaiwa before anything starts
+    cluster = Coordinator(config.database_url(), config.cluster) if worker else None
     model = ModelClient(config.ollama)
     adapters = _adapters(config, terminal)
     try:
@@ -251,11 +269,17 @@ async def run(
         settings = turn_settings(config, store)
         try:
             described = await store.describe()
-            left = await leftovers(store)  # before anything of this process runs
+            if cluster is not None:  # what dead workers left is resolved place by place
+                await cluster.start()
+                left = Leftovers()
+            else:
+                left = await leftovers(store)  # before anything of this process runs
             return await _serve(
-                config, store, described, model, settings, adapters, stop_requested, left
+                config, store, described, model, settings, adapters, stop_requested, left, cluster
             )
         finally:
+            if cluster is not None:
+                await cluster.close()
             await store.close()
     finally:
         for adapter in adapters:
@@ -272,6 +296,7 @@ async def _serve(
     adapters: list[Adapter],
     stop_requested: asyncio.Event,
     left: Leftovers,
+    cluster: Coordinator | None = None,
 ) -> int:
     """Run every channel (a failing one is restarted, `bot.supervision`) until one ends by
     itself, one needs a person, or a stop is requested; meanwhile resolve what an earlier
@@ -291,6 +316,7 @@ async def _serve(
     memory = Memory(store, config.memory) if config.memory.enabled else None
     if memory is not None:
         runner.shared_tools.update({each.name: each for each in memory_tools(memory)})
+    owners = Owners(cluster, store, runner, channels) if cluster is not None else None
     dispatcher = Dispatcher(
         store,
         runner,
@@ -299,8 +325,14 @@ async def _serve(
         max_message_chars=config.limits.max_message_chars,
         scheduler=scheduler,
         memory=memory,
+        owners=owners,
     )
-    supervised = [Supervised(adapter, dispatcher.handle) for adapter in adapters]
+    if owners is not None:
+        owners.recovered = _place_recovery(store, approvals, planning, channels)
+        if scheduler is not None:
+            scheduler.serve_cluster(owners)
+        await owners.start()
+    supervised = [_supervised(adapter, dispatcher.handle, cluster, config) for adapter in adapters]
     for adapter in adapters:
         if isinstance(adapter, TerminalChannel):  # before its prompt, so it reads first
             adapter.say(await _terminal_banner(adapter, settings, store))
@@ -308,7 +340,7 @@ async def _serve(
         asyncio.create_task(each.run(), name=f"channel {each.channel.platform}")
         for each in supervised
     ]
-    stop_wait = asyncio.create_task(stop_requested.wait(), name="stop requested")
+    stop_wait = asyncio.create_task(_stop_or_lost(stop_requested, cluster), name="stop requested")
     recovering = asyncio.create_task(
         Recovery(store, runner, channels).resolve(left), name="recovering after a restart"
     )
@@ -324,6 +356,11 @@ async def _serve(
     status = 0
     try:
         done, _ = await asyncio.wait([*running, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        if cluster is not None and cluster.lost.is_set():
+            lost = "the cluster's database connection was lost (other workers take over)"
+            logger.error("stopping: %s", lost, extra=PRINTED)
+            sys.stderr.write(f"kaiwa: stopping: {lost}\n")
+            status = 1
         for task in done - {stop_wait}:
             ended = task.result()
             if ended.error is not None:
@@ -344,6 +381,8 @@ async def _serve(
         )
         if scheduler is not None:
             scheduler.stop()  # no firing into a closing runner
+        if owners is not None:
+            await owners.stop()
         stopped = await runner.shutdown()
         await servers.close()
         if scheduler is not None:
@@ -371,6 +410,44 @@ def _scheduler(
 
     runner.shared_tools = {t.name: t for t in task_tools(scheduler, agent_of)}
     return scheduler
+
+
+def _supervised(
+    adapter: Adapter, deliver: Deliver, cluster: Coordinator | None, config: Config
+) -> Supervised | Leased:
+    """A channel under supervision; in a cluster, one whose connection must be single also
+    under its lease (Slack's HTTP Events are served by every worker)."""
+    supervised = Supervised(adapter, deliver)
+    if cluster is None or (adapter.platform == "slack" and config.channels.slack.mode == "http"):
+        return supervised
+    return Leased(supervised, cluster)
+
+
+def _place_recovery(
+    store: Store, approvals: Approvals, planning: PlanWorkflow, channels: dict[str, Adapter]
+) -> Callable[[str], Awaitable[None]]:
+    """What a cluster's new owner of a place resolves there, besides its turns and runs: the
+    plans and questions a dead worker left."""
+
+    async def recover(place: str) -> None:
+        plans = await store.close_unfinished_plans(utc_now(), place)
+        await planning.show_interrupted(plans, channels)
+        await approvals.expire_leftovers(place)
+
+    return recover
+
+
+async def _stop_or_lost(stop_requested: asyncio.Event, cluster: Coordinator | None) -> None:
+    """A stop was asked for, or (in a cluster) the lease connection was lost: every lease is
+    gone, and another worker may be running this one's conversations already."""
+    waits = [asyncio.ensure_future(stop_requested.wait())]
+    if cluster is not None:
+        waits.append(asyncio.ensure_future(cluster.lost.wait()))
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 async def _once_connected(
@@ -485,7 +562,9 @@ def _adapters(config: Config, terminal: TerminalIO) -> list[Adapter]:
     """The configured channels. A platform without its token is not started (and its library
     is not even imported)."""
     adapters: list[Adapter] = []
-    if config.channels.terminal.enabled:
+    if config.channels.terminal.enabled and config.cluster.enabled:
+        logger.info("the terminal channel is off: a worker of a cluster is a service")
+    elif config.channels.terminal.enabled:
         adapters.append(_terminal(config, terminal))
     telegram = config.channels.telegram
     token = os.environ.get(telegram.token_env)

@@ -43,6 +43,7 @@ from channels.settings import (
     TerminalSettings,
 )
 from core.approvals import ApprovalSettings
+from core.cluster import ClusterSettings
 from core.context import ContextPolicy
 from core.errors import ConfigError
 from core.fetch import FetchSettings
@@ -158,6 +159,7 @@ class Config:
     fetch: FetchSettings = field(default_factory=FetchSettings)
     approvals: ApprovalSettings = field(default_factory=ApprovalSettings)
     workflows: WorkflowsConfig = field(default_factory=WorkflowsConfig)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
     mcp: dict[str, McpServerSettings] = field(default_factory=dict)
     storage: StorageConfig = field(default_factory=StorageConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -426,6 +428,8 @@ def _checked(config: Config) -> Config:
         "workflows.plan.review_rounds": config.workflows.plan.review_rounds,
         "workflows.plan.person_wait_seconds": config.workflows.plan.person_wait_seconds,
         "workflows.plan.max_steps": config.workflows.plan.max_steps,
+        "cluster.failover_seconds": config.cluster.failover_seconds,
+        "cluster.idle_seconds": config.cluster.idle_seconds,
         "storage.write_retry_seconds": config.storage.write_retry_seconds,
         "storage.connections": config.storage.connections,
         "logging.max_bytes": config.logging.max_bytes,

@@ -22,8 +22,8 @@ QUIET_LIBRARIES = ("httpx", "httpcore", "alembic", "asyncio", "markdown_it")
 
 
 class RedactingFormatter(logging.Formatter):
-    def __init__(self, secrets: Iterable[str]) -> None:
-        super().__init__(FORMAT)
+    def __init__(self, secrets: Iterable[str], worker: str = "") -> None:
+        super().__init__(FORMAT.replace("%(name)s", f"[{worker}] %(name)s") if worker else FORMAT)
         self._secrets = sorted({secret for secret in secrets if secret}, key=len, reverse=True)
 
     def format(self, record: logging.LogRecord) -> str:
@@ -34,11 +34,17 @@ class RedactingFormatter(logging.Formatter):
 
 
 def setup_logging(
-    config: LoggingConfig, data_dir: Path, secrets: Iterable[str], *, debug: bool = False
+    config: LoggingConfig,
+    data_dir: Path,
+    secrets: Iterable[str],
+    *,
+    debug: bool = False,
+    worker: str = "",
 ) -> None:
-    """The file log in `data_dir` and stderr; `debug` sends DEBUG lines to stderr too. A folder
-    Kaiwa may not write is a `ConfigError` naming the setting."""
-    formatter = RedactingFormatter(secrets)
+    """The file log in `data_dir` and stderr; `debug` sends DEBUG lines to stderr too; a
+    cluster's `worker` names itself on every line. A folder Kaiwa may not write is a
+    `ConfigError` naming the setting."""
+    formatter = RedactingFormatter(secrets, worker)
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
         to_file = logging.handlers.RotatingFileHandler(

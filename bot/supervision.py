@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 
 from core.channel import Channel, Deliver
+from core.cluster import Coordinator
 from core.errors import ChannelError
 
 logger = logging.getLogger(__name__)
@@ -72,8 +73,47 @@ class Supervised:
         await self.channel.stop_receiving()
 
     async def _stopped_within(self, seconds: float) -> bool:
+        return await _set_within(self._stopping, seconds)
+
+
+class Leased:
+    """A channel whose platform connection must be single (Telegram's long poll, a Discord
+    gateway, Slack's Socket Mode), in a cluster: it receives only while this worker holds the
+    lease `channel:<platform>`, and posts either way. Every worker tries for the lease a few
+    times per `failover_seconds`; PostgreSQL ends the holder's lease when it dies, so the next
+    try of another worker takes the connection over. Slack's HTTP Events need no lease: every
+    worker serves them, and the inbox deduplicates."""
+
+    def __init__(self, supervised: Supervised, coordinator: Coordinator) -> None:
+        self.channel = supervised.channel
+        self._supervised = supervised
+        self._coordinator = coordinator
+        self._stopping = asyncio.Event()
+
+    async def run(self) -> Ended:
+        platform = self.channel.platform
         try:
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-        except TimeoutError:
-            return False
-        return True
+            await self.channel.open_for_sending()
+        except ChannelError as exc:
+            return Ended(platform, exc)
+        except Exception as exc:  # posting fails later and says why; receiving may still come
+            logger.warning("%s: cannot post yet (%s)", platform, exc)
+        lease = f"channel:{platform}"
+        interval = self._coordinator.settings.failover_seconds / 3
+        while not await self._coordinator.try_lease(lease):
+            if await _set_within(self._stopping, interval):
+                return Ended(platform)
+        logger.info("worker %s holds the %s connection", self._coordinator.worker, platform)
+        return await self._supervised.run()
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        await self._supervised.stop()
+
+
+async def _set_within(event: asyncio.Event, seconds: float) -> bool:
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True

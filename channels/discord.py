@@ -389,6 +389,14 @@ class DiscordChannel(ConnectionState):
             await self._client.close()
             raise self.cannot_connect(self._gateway_failure(self._gateway))
 
+    async def open_for_sending(self) -> None:
+        """Log in to the REST API only; the gateway is another worker's."""
+        try:
+            await self._logged_in()
+        except (ChannelError, PlatformError) as exc:
+            raise self.cannot_connect(exc) from exc
+        self.now_connected()
+
     async def stop_receiving(self) -> None:
         """Ignore new events; the gateway stays open until `close`, so replies still edit."""
         self._receiving = False

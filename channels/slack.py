@@ -346,6 +346,10 @@ class SlackChannel(ConnectionState):
     async def stop_receiving(self) -> None:
         self._stopping.set()
 
+    async def open_for_sending(self) -> None:
+        """The Web API needs nothing opened: each call opens its own session."""
+        self.now_connected()
+
     async def close(self) -> None:
         """Nothing left open: `run` closes the socket client, and each Web API call opens and
         closes its own session."""

@@ -226,6 +226,15 @@ class TelegramChannel(ConnectionState):
     async def stop_receiving(self) -> None:
         self._stopping.set()
 
+    async def open_for_sending(self) -> None:
+        try:
+            await self._bot.initialize()
+        except InvalidToken as exc:
+            raise self.cannot_connect(ChannelError(_token_problem(self._settings))) from exc
+        except TelegramError as exc:
+            raise self.cannot_connect(PlatformError(self._unreachable(exc))) from exc
+        self.now_connected()
+
     async def close(self) -> None:
         """Close the connections; a long poll still in flight ends with them."""
         await self._bot.shutdown()

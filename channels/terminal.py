@@ -118,6 +118,10 @@ class TerminalChannel:
         if self._reader is not None and self._reader is not asyncio.current_task():
             self._reader.cancel()
 
+    async def open_for_sending(self) -> None:
+        """The terminal is one process's: there is nothing to share."""
+        self.connected.set()
+
     async def close(self) -> None:
         """Nothing to release: the reader thread is a daemon and ends with the process."""
 

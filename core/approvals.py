@@ -292,9 +292,10 @@ class Approvals:
         except Exception as exc:
             logger.warning("approval %s: the question could not be edited: %s", approval.id, exc)
 
-    async def expire_leftovers(self) -> int:
-        """Questions a dead process left pending: marked expired, and edited to say so."""
-        left = await self._store.pending_approvals()
+    async def expire_leftovers(self, place: str | None = None) -> int:
+        """Questions a dead process left pending (in `place`, when given: a cluster's dead
+        worker): marked expired, and edited to say so."""
+        left = await self._store.pending_approvals(place)
         for approval in left:
             assert approval.id is not None
             if await self._store.decide_approval(

@@ -142,6 +142,12 @@ class Channel(Protocol):
         """Take no more messages: the first step of shutting down."""
         ...
 
+    async def open_for_sending(self) -> None:
+        """Be ready to post and edit without receiving, and set `connected` (a worker of a
+        cluster whose platform connection another worker holds). Raises as `run` would for a
+        token the platform refuses."""
+        ...
+
     async def close(self) -> None:
         """Release the platform connection; called once every turn has sent its last edit."""
         ...

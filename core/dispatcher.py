@@ -30,6 +30,7 @@ from core.channel import Channel, ChannelMessage
 from core.commands import Commands
 from core.errors import StoreError
 from core.memory import Memory
+from core.owners import Owners
 from core.schedule import Scheduler
 from core.store import Inbound, Store
 from core.text import Command, clean, parse_command
@@ -99,6 +100,7 @@ class Dispatcher:
         max_message_chars: int,
         scheduler: Scheduler | None = None,
         memory: Memory | None = None,
+        owners: Owners | None = None,
     ) -> None:
         self._store = store
         self._runner = runner
@@ -106,6 +108,10 @@ class Dispatcher:
         self._access = access
         self._max_chars = max_message_chars
         self._commands = Commands(store, runner, scheduler, memory)
+        self._owners = owners
+        """With several workers: where a conversation's turns and commands run."""
+        if owners is not None:
+            owners.run_command = self._run_forwarded
         self._refused: dict[tuple[str, str], float] = {}
         """When each stranger (platform, person) was last told they are refused."""
 
@@ -133,6 +139,9 @@ class Dispatcher:
         if refusal is not None:
             await channel.notify(message.place, refusal)
         elif command is not None:
+            if self._owners is not None and not await self._owners.runs_here(message.place):
+                await self._owners.forward_command(message)  # its conversation's owner runs it
+                return
             await self._run_command(message, channel, command)
         elif self._runner.closing:
             logger.warning(
@@ -140,18 +149,20 @@ class Dispatcher:
                 *_origin(message),
             )
         else:
-            self._runner.submit(
-                TurnRequest(
-                    platform=message.platform,
-                    place=message.place,
-                    text=message.text,
-                    author=message.author_name or message.author_id,
-                    person=message.author_id,
-                    reply_to=message.message_id,
-                    inbound_event_id=event_id,
-                    images=message.images,
-                )
+            request = TurnRequest(
+                platform=message.platform,
+                place=message.place,
+                text=message.text,
+                author=message.author_name or message.author_id,
+                person=message.author_id,
+                reply_to=message.message_id,
+                inbound_event_id=event_id,
+                images=message.images,
             )
+            if self._owners is not None:
+                await self._owners.arrived(request)  # the conversation's owner runs it
+            else:
+                self._runner.submit(request)
 
     def _refusing_again(self, message: ChannelMessage) -> bool:
         """Log a stranger's message; whether to tell them (not if they were within the hour)."""
@@ -219,6 +230,12 @@ class Dispatcher:
             f"I could not save your message: {error.plainly}. Please send it again in a minute.",
         )
 
+    async def _run_forwarded(self, message: ChannelMessage) -> None:
+        """A command another worker received for a conversation this one owns."""
+        command = parse_command(message.text)
+        if command is not None:
+            await self._run_command(message, self._channels[message.platform], command)
+
     async def _run_command(
         self, message: ChannelMessage, channel: Channel, command: Command
     ) -> None:
@@ -236,6 +253,7 @@ def _inbound(message: ChannelMessage, status: str) -> Inbound:
         place=message.place,
         text=message.text,
         author=message.author_name or message.author_id,
+        author_id=message.author_id,
         status=status,
     )
 

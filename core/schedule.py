@@ -50,6 +50,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from core.channel import Channel, Delivery
 from core.errors import KaiwaError, StoreError
+from core.owners import Owners
 from core.store import Store
 from core.tables import ScheduledTask, TaskRun, utc_now
 from core.text import plural
@@ -324,6 +325,13 @@ class Scheduler:
         self._firings: set[asyncio.Task[None]] = set()
         self.handed_over = asyncio.Event()
         """Set each time a firing has queued its turn (a handshake for tests)."""
+        self._owners: Owners | None = None
+
+    def serve_cluster(self, owners: Owners) -> None:
+        """One of several workers: a slot is still claimed once (the store's unique run), and
+        its turn runs on the worker that owns the task's conversation (forwarded to it)."""
+        self._owners = owners
+        owners.run_firing = self._run_forwarded
 
     @property
     def default_zone(self) -> str:
@@ -337,8 +345,9 @@ class Scheduler:
     async def start(self) -> int:
         """Build a job per task from the rows, then fire what came due while Kaiwa was down
         (runs a dead process left under way end `interrupted`; their turns are recovery's).
-        Returns how many tasks are scheduled."""
-        interrupted = await self._store.close_unfinished_task_runs()
+        Returns how many tasks are scheduled. In a cluster, the runs a dead worker left are its
+        conversations' new owners' to close (`core.owners`): another worker's are live."""
+        interrupted = 0 if self._owners else await self._store.close_unfinished_task_runs()
         if interrupted:
             logger.warning(
                 "%d scheduled %s cut short by the last stop marked interrupted",
@@ -405,12 +414,34 @@ class Scheduler:
             return
         if claimed is None:
             return
+        await self._run_safely(task, *claimed)
+
+    async def _run_safely(
+        self, task: ScheduledTask, run_id: int, slot: datetime, late: bool
+    ) -> None:
+        """Run a claimed slot here, or on the worker owning its conversation."""
+        assert task.id is not None
         try:
-            await self._run(task, *claimed)
+            if self._owners is not None and not await self._owners.runs_here(task.place):
+                firing = {"task": task.id, "run": run_id, "slot": slot.isoformat(), "late": late}
+                await self._owners.forward_firing(task.place, firing)
+                return
+            await self._run(task, run_id, slot, late)
         except StoreError as exc:
-            logger.error("task %d: how its run ended could not be stored: %s", task_id, exc)
+            logger.error("task %d: how its run ended could not be stored: %s", task.id, exc)
         except Exception:
-            logger.exception("task %d: its run failed unexpectedly", task_id)
+            logger.exception("task %d: its run failed unexpectedly", task.id)
+
+    async def _run_forwarded(self, firing: dict[str, Any]) -> None:
+        """A slot another worker claimed, for a conversation this one owns."""
+        task = await self._store.task(int(firing["task"]))
+        if task is not None:
+            slot = datetime.fromisoformat(str(firing["slot"]))
+            run = self._run_safely(task, int(firing["run"]), slot, bool(firing["late"]))
+            running = asyncio.ensure_future(run)
+            self._firings.add(running)
+            running.add_done_callback(self._firings.discard)
+            await running
 
     def _retry(self, task_id: int, error: Exception) -> None:
         if isinstance(error, StoreError):

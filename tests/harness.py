@@ -13,9 +13,11 @@ import pytest
 
 from core.approvals import Approvals, ApprovalSettings
 from core.channel import Channel, ChannelMessage
+from core.cluster import Coordinator
 from core.dispatcher import AccessRules, Allowed, Dispatcher
 from core.memory import Memory, MemorySettings, memory_tools
 from core.model import ModelClient
+from core.owners import Owners
 from core.schedule import Scheduler, ScheduleSettings, task_tools
 from core.store import Store
 from core.subagents import SubagentSettings
@@ -45,6 +47,7 @@ class Bot:
     dispatcher: Dispatcher
     ollama: FakeOllama
     scheduler: Scheduler | None = None
+    owners: Owners | None = None
 
     async def send(
         self,
@@ -118,6 +121,7 @@ async def make_bot(
         mcp: tuple[str, ...] = (),
         tool_timeout: float = 5.0,
         plan: PlanSettings | None = None,
+        cluster: Coordinator | None = None,
     ) -> Bot:
         """`schedule`: with a scheduler (its task tools given to the agent), on `clock`, with
         no timers: firings happen when the test calls `scheduler.fire_due()`. `memory`: with
@@ -166,6 +170,7 @@ async def make_bot(
             )
             tools = task_tools(scheduler, lambda place, platform: "assistant")
             runner.shared_tools = {each.name: each for each in tools}
+        owners = Owners(cluster, used_store, runner, channels) if cluster is not None else None
         notes = Memory(used_store, memory) if memory is not None else None
         if notes is not None:
             runner.shared_tools.update({each.name: each for each in memory_tools(notes)})
@@ -177,8 +182,9 @@ async def make_bot(
             max_message_chars=max_message_chars,
             scheduler=scheduler,
             memory=notes,
+            owners=owners,
         )
-        return Bot(used_store, channel, runner, dispatcher, ollama, scheduler)
+        return Bot(used_store, channel, runner, dispatcher, ollama, scheduler, owners)
 
     yield build
     for runner in runners:

@@ -74,6 +74,9 @@ class RecordingChannel:
     async def stop_receiving(self) -> None:
         pass
 
+    async def open_for_sending(self) -> None:
+        self.connected.set()
+
     async def close(self) -> None:
         pass
 

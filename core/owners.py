@@ -1,0 +1,267 @@
+"""Conversation ownership: the per-conversation gate, across workers (ARCHITECTURE.md, "Several
+workers").
+
+A conversation's turns run on the one worker that holds its lease (`place:<place>`,
+`core.cluster`); in that worker the turn runner's gate orders them as in a single process. So
+invariants 1 to 3 take this form: one owner per conversation at a time (the lease), turns in
+arrival order (the inbox's ids), `/stop` run by the owner (forwarded to it).
+
+- **Arrival.** Any worker records a message in the inbox (the dispatcher), then calls `arrived`.
+  The owner picks it up. A conversation nobody owns is claimed by the worker a rendezvous hash
+  of (worker, place) prefers among the live workers, so conversations spread over the workers
+  whichever of them received the message (a platform's long poll runs on one). The others are
+  told by notification (`work`).
+- **Pickup.** The owner reads the place's queued messages, oldest first, takes each over
+  (`Store.take_over`: one taker wins, even against a dying owner's last act) and submits it to
+  its own runner. A message this worker received itself keeps what the inbox does not hold (its
+  pictures).
+- **Claim = recovery of that place.** Holding the lease proves no other worker runs a turn
+  there, so whatever the place has left `running` (turns, a scheduled run, a plan, a question)
+  belongs to a dead owner and is resolved before the first new turn: marked interrupted in the
+  place, run again or the person told (`core.recovery`). The place counts as owned only once
+  that is done, and no pickup runs meanwhile, so a turn run again keeps its place in line.
+- **Sweep.** Every third of `failover_seconds`, a worker looks for places with queued messages
+  or running turns: it picks up its own (a missed notification), claims those it is preferred for,
+  and those nobody claimed since the last sweep. A dead worker's conversations move this way
+  within `failover_seconds`, with no message needed.
+- **Release.** A conversation quiet for `idle_seconds` (no live turn, nothing queued) is let go,
+  so leases do not pile up and ownership follows the live workers.
+- **Commands and firings** for a conversation owned elsewhere are forwarded to the owner by
+  notification (`command`, `firing`); the owner runs them as if received itself.
+"""
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+from core.channel import Channel, ChannelMessage
+from core.cluster import Coordinator
+from core.errors import StoreError
+from core.recovery import Leftovers, Recovery
+from core.store import Store
+from core.tables import InboundEvent
+from core.turns import TurnRequest, TurnRunner
+
+logger = logging.getLogger(__name__)
+
+CommandRunner = Callable[[ChannelMessage], Awaitable[None]]
+FiringRunner = Callable[[dict[str, Any]], Awaitable[None]]
+PlaceHook = Callable[[str], Awaitable[None]]
+
+
+def preferred(place: str, workers: list[str]) -> str | None:
+    """The worker a conversation goes to (rendezvous hashing: adding or losing a worker moves
+    only the conversations that were or become its own)."""
+    if not workers:
+        return None
+    return max(workers, key=lambda worker: hashlib.sha256(f"{worker}|{place}".encode()).digest())
+
+
+class Owners:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        store: Store,
+        runner: TurnRunner,
+        channels: dict[str, Channel],
+    ) -> None:
+        self._coordinator = coordinator
+        self._store = store
+        self._runner = runner
+        self._channels = channels
+        self.worker = coordinator.worker
+        self._owned: dict[str, float] = {}
+        """Places this worker owns, with when each was last active (monotonic)."""
+        self._received: dict[int, TurnRequest] = {}
+        """Turns of messages this worker received for places it owns, by inbox id, until taken."""
+        self._picking: dict[str, asyncio.Lock] = {}
+        self._workers: list[str] = [self.worker]
+        self._unclaimed: set[str] = set()
+        """Places the last sweep found waiting with no owner."""
+        self._sweeping: asyncio.Task[None] | None = None
+        self.run_command: CommandRunner | None = None
+        """Runs a command as the dispatcher would (set by the dispatcher)."""
+        self.run_firing: FiringRunner | None = None
+        """Runs a scheduled firing claimed elsewhere (set by the scheduler)."""
+        self.recovered: PlaceHook | None = None
+        """Told of each place claimed, after its leftovers are resolved (the plans' messages)."""
+        coordinator.on("work", self._on_work)
+        coordinator.on("command", self._on_command)
+        coordinator.on("firing", self._on_firing)
+
+    @property
+    def owned(self) -> set[str]:
+        return set(self._owned)
+
+    async def start(self) -> None:
+        self._workers = await self._coordinator.workers()
+        self._sweeping = asyncio.create_task(self._sweep_forever(), name="ownership sweep")
+
+    async def stop(self) -> None:
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            await asyncio.gather(self._sweeping, return_exceptions=True)
+
+    # -- arrivals ----------------------------------------------------------------------------------
+
+    async def arrived(self, request: TurnRequest) -> None:
+        """A message recorded in the inbox (`request.inbound_event_id`) waits for a turn."""
+        place = request.place
+        if await self._claimed(place, preferred_only=True):
+            assert request.inbound_event_id is not None
+            self._received[request.inbound_event_id] = request
+            await self.pickup(place)
+        else:
+            await self._coordinator.notify("work", place=place)
+
+    async def pickup(self, place: str) -> None:
+        """Submit the place's queued messages, oldest first, each taken over once."""
+        async with self._picking.setdefault(place, asyncio.Lock()):
+            self._owned[place] = time.monotonic()
+            for row in await self._store.queued_messages(place):
+                assert row.id is not None
+                if self._runner.handles(row.id):
+                    continue
+                kept = self._received.pop(row.id, None)
+                if not await self._store.take_over(row.id, row.claim or ""):
+                    continue
+                self._runner.submit(kept or _request_of(row))
+
+    # -- commands and firings --------------------------------------------------------------------
+
+    async def runs_here(self, place: str) -> bool:
+        """Whether what acts on `place` runs on this worker: it owns the place, or has just
+        claimed it."""
+        return await self._claimed(place, preferred_only=False)
+
+    async def forward_command(self, message: ChannelMessage) -> None:
+        """Hand a command for a conversation owned elsewhere to its owner."""
+        shown = {k: v for k, v in asdict(message).items() if k not in ("images", "author_roles")}
+        await self._coordinator.notify("command", message=shown)
+
+    async def forward_firing(self, place: str, firing: dict[str, Any]) -> None:
+        await self._coordinator.notify("firing", place=place, firing=firing)
+
+    # -- notifications ---------------------------------------------------------------------------
+
+    async def _on_work(self, note: dict[str, Any]) -> None:
+        place = str(note["place"])
+        mine = place in self._owned or preferred(place, self._workers) == self.worker
+        if mine and await self._claimed(place, preferred_only=False):
+            await self.pickup(place)
+
+    async def _on_command(self, note: dict[str, Any]) -> None:
+        message = ChannelMessage(**note["message"])
+        if note.get("from") == self.worker and message.place not in self._owned:
+            return  # the sender forwarded it because another worker owns the place
+        if self.run_command is not None and await self._claimed(message.place, False):
+            self._owned[message.place] = time.monotonic()
+            await self.run_command(message)
+
+    async def _on_firing(self, note: dict[str, Any]) -> None:
+        place = str(note["place"])
+        if note.get("from") == self.worker and place not in self._owned:
+            return
+        if self.run_firing is not None and await self._claimed(place, False):
+            await self.run_firing(note["firing"])
+
+    # -- claiming, sweeping, releasing ---------------------------------------------------------
+
+    async def _claimed(self, place: str, preferred_only: bool) -> bool:
+        """Whether this worker owns `place`, taking its lease if nobody holds it (only if it is
+        the preferred worker, with `preferred_only`). A place claimed is recovered first."""
+        if place in self._owned:
+            return True
+        if preferred_only and preferred(place, self._workers) not in (self.worker, None):
+            return False
+        async with self._picking.setdefault(place, asyncio.Lock()):  # no pickup meanwhile
+            if place in self._owned:
+                return True
+            if not await self._coordinator.try_lease(f"place:{place}"):
+                return False
+            logger.info("worker %s owns %s now", self.worker, place)
+            await self._recover(place)  # first: a turn run again goes before new messages
+            self._owned[place] = time.monotonic()
+        return True
+
+    async def _recover(self, place: str) -> None:
+        """What a dead owner left in `place`, resolved before this worker's first turn there."""
+        try:
+            left = Leftovers(
+                turns=await self._store.unfinished_turns(place),
+                runs=[run for run in await self._store.live_runs() if run[0] == place],
+                reports=[r for r in await self._store.undelivered_reports() if r[0] == place],
+                undelivered=await self._store.undelivered_turns(place),
+            )
+            await self._store.close_unfinished_task_runs(place)
+            if left:
+                await Recovery(self._store, self._runner, self._channels).resolve(left)
+                logger.info("%s: what a dead worker left there is resolved", place)
+            if self.recovered is not None:
+                await self.recovered(place)
+        except StoreError as exc:
+            logger.warning("%s: what a dead worker left could not be resolved yet: %s", place, exc)
+
+    async def _sweep_forever(self) -> None:
+        interval = self._coordinator.settings.failover_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.sweep()
+            except StoreError as exc:
+                logger.warning("ownership sweep: %s", exc)
+            except Exception:
+                logger.exception("ownership sweep failed")
+
+    async def sweep(self) -> None:
+        """One round: refresh the live workers, pick up or claim what waits, let idle places go."""
+        self._workers = await self._coordinator.workers()
+        waiting = await self._store.places_waiting()
+        unclaimed: set[str] = set()
+        for place in waiting:
+            mine = preferred(place, self._workers) == self.worker or place in self._unclaimed
+            if place in self._owned or (mine and await self._claimed(place, False)):
+                await self.pickup(place)
+            elif place not in self._owned:
+                unclaimed.add(place)
+        self._unclaimed = unclaimed
+        await self._release_idle(set(waiting))
+
+    async def _release_idle(self, waiting: set[str]) -> None:
+        idle_for = self._coordinator.settings.idle_seconds
+        now = time.monotonic()
+        for place, active in list(self._owned.items()):
+            busy = self._runner.has_live(place) or place in waiting
+            if busy:
+                self._owned[place] = now
+            elif now - active >= idle_for:
+                del self._owned[place]
+                self._picking.pop(place, None)
+                await self._coordinator.release(f"place:{place}")
+                logger.info(
+                    "worker %s let go of %s (quiet for %.0f s)", self.worker, place, now - active
+                )
+
+    def forget_all(self) -> list[str]:
+        """The lease connection was lost: nothing is owned any more. The places that were."""
+        places = list(self._owned)
+        self._owned.clear()
+        self._received.clear()
+        return places
+
+
+def _request_of(row: InboundEvent) -> TurnRequest:
+    """The turn of a message another worker received (its pictures stayed there)."""
+    return TurnRequest(
+        platform=row.platform,
+        place=row.place,
+        text=row.text or "",
+        author=row.author,
+        person=row.author_id,
+        reply_to=row.platform_message_id,
+        inbound_event_id=row.id,
+    )

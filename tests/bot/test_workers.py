@@ -1,0 +1,288 @@
+"""Three real `kaiwa` workers on one PostgreSQL database (a database of their own), with the
+fake Telegram (long polling: one worker holds it) and the fake Slack in HTTP Events mode (every
+worker serves it; the test is the load balancer, and skips a worker that does not answer).
+300 messages across 50 conversations; the worker holding Telegram is killed with SIGKILL half-way.
+
+Nothing is timed: each step waits on what the fakes or the database show, within generous
+deadlines (the failover setting is 3 s here).
+"""
+
+import asyncio
+import signal
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from core.cluster import ClusterSettings, cluster_view, conninfo
+from tests.databases import postgres_url
+from tests.fakes.ollama import ChunkDelay, FakeOllama, Pause, Text
+from tests.fakes.slack import BOT_TOKEN as SLACK_TOKEN
+from tests.fakes.slack import SIGNING_SECRET, TEAM, FakeSlack
+from tests.fakes.telegram import BOT_TOKEN as TELEGRAM_TOKEN
+from tests.fakes.telegram import FakeTelegram
+from tests.processes import kaiwa
+
+pytestmark = pytest.mark.postgres
+WORKERS = ("w1", "w2", "w3")
+CHATS = 25  # Telegram chats, and as many Slack DMs: 50 conversations
+ROUNDS = 6  # messages per conversation: 300 in all
+FAILOVER = 3.0
+RESTARTED = "I was restarted before I could finish answering"
+"""The notice of a turn a dead worker left after it may have shown something (not an answer)."""
+DEADLINE = 60.0
+
+
+@dataclass
+class Cluster:
+    url: str
+    name: str
+    processes: dict[str, asyncio.subprocess.Process]
+    events_urls: dict[str, str]
+
+    async def view(self, *leases: str) -> tuple[list[str], dict[str, str]]:
+        return await cluster_view(self.url, ClusterSettings(True, name=self.name), list(leases))
+
+    def alive(self) -> list[str]:
+        return [w for w, p in self.processes.items() if p.returncode is None]
+
+
+@pytest.fixture
+async def database() -> AsyncIterator[str]:
+    base = postgres_url()
+    if not base:
+        pytest.skip("set KAIWA_TEST_POSTGRES_URL to run the cluster tests")
+    name = f"kaiwa_workers_{uuid.uuid4().hex[:8]}"
+    admin = conninfo(base)
+    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as connection:
+        await connection.execute(f'CREATE DATABASE "{name}"')
+    yield make_url(base).set(database=name).render_as_string(hide_password=False)
+    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as connection:
+        await connection.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def worker_config(
+    tmp_path: Path,
+    worker: str,
+    name: str,
+    port: int,
+    ollama: FakeOllama,
+    telegram: FakeTelegram,
+    slack: FakeSlack,
+) -> Path:
+    path = tmp_path / f"{worker}.toml"
+    path.write_text(
+        f'[ollama]\nurl = "{ollama.url}"\nconnect_timeout = 2.0\nmax_concurrent_requests = 16\n'
+        '[agents.assistant]\nmodel = "test-model"\n'
+        f'[storage]\ndata_dir = "state-{worker}"\n'
+        "[channels.terminal]\nenabled = false\n"
+        f'[channels.telegram]\nbase_url = "{telegram.base_url}"\n'
+        f'base_file_url = "{telegram.base_file_url}"\nanyone = true\npoll_timeout = 1\n'
+        "edit_interval = 0.05\n"
+        f'[channels.slack]\nmode = "http"\napi_url = "{slack.api_url}"\nhttp_port = {port}\n'
+        "anyone = true\nedit_interval = 0.05\n"
+        f'[cluster]\nenabled = true\nname = "{name}"\nworker_id = "{worker}"\n'
+        f"failover_seconds = {FAILOVER}\n"
+    )
+    return path
+
+
+async def wait_for(condition: Any, what: str) -> None:
+    """Poll another process's work (nothing here can be woken by it) until `condition()`."""
+    try:
+        async with asyncio.timeout(DEADLINE):
+            while not await condition():  # noqa: ASYNC110  (other processes' database)
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+async def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(conninfo(url), autocommit=True) as c:
+        cursor = await c.execute(sql)
+        return await cursor.fetchall()
+
+
+@pytest.fixture
+async def cluster(
+    database: str, tmp_path: Path, ollama: FakeOllama
+) -> AsyncIterator[tuple[Cluster, FakeTelegram, FakeSlack]]:
+    async with FakeTelegram() as telegram, FakeSlack() as slack:
+        name = f"w{uuid.uuid4().hex[:8]}"
+        env = {
+            "KAIWA_DATABASE_URL": database,
+            "KAIWA_TELEGRAM_TOKEN": TELEGRAM_TOKEN,
+            "KAIWA_SLACK_BOT_TOKEN": SLACK_TOKEN,
+            "KAIWA_SLACK_SIGNING_SECRET": SIGNING_SECRET,
+        }
+        processes, urls = {}, {}
+        for worker in WORKERS:
+            port = free_port()
+            config = worker_config(tmp_path, worker, name, port, ollama, telegram, slack)
+            processes[worker] = await kaiwa("--config", str(config), "run", env=env)
+            urls[worker] = f"http://127.0.0.1:{port}/slack/events"
+        running = Cluster(database, name, processes, urls)
+
+        async def joined() -> bool:
+            workers, holders = await running.view("channel:telegram")
+            return len(workers) == 3 and "channel:telegram" in holders
+
+        await wait_for(joined, "three workers, one holding Telegram")
+        yield running, telegram, slack
+        for process in processes.values():
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        for process in processes.values():
+            await process.wait()
+
+
+async def post_to_any(cluster: Cluster, slack: FakeSlack, body: dict[str, Any], start: int) -> None:
+    """What a load balancer does: the next worker, and the one after if it does not answer."""
+    order = [*WORKERS[start % 3 :], *WORKERS[: start % 3]]
+    for worker in order:
+        if cluster.processes[worker].returncode is not None:
+            continue
+        try:
+            status, _ = await slack.post_event(cluster.events_urls[worker], body)
+        except OSError:
+            continue
+        if status == 200:
+            return
+    raise AssertionError("no worker took the Slack event")
+
+
+def dm_event(slack: FakeSlack, channel: str, text: str, user: str, ts: str) -> dict[str, Any]:
+    event = {
+        "type": "message",
+        "channel": channel,
+        "channel_type": "im",
+        "user": user,
+        "text": text,
+        "ts": ts,
+        "team": TEAM,
+    }
+    return slack.event_body(event)
+
+
+async def test_three_workers_answer_every_message_once_in_order_through_a_kill(
+    cluster: tuple[Cluster, FakeTelegram, FakeSlack], ollama: FakeOllama
+) -> None:
+    running, telegram, slack = cluster
+    ollama.default = [ChunkDelay(0.02), Text("a reply of a few words", chunks=4)]
+    sent_ids: dict[int, list[int]] = {chat: [] for chat in range(1, CHATS + 1)}
+    posted = 0
+
+    async def send_round(round_number: int) -> None:
+        nonlocal posted
+        for chat in range(1, CHATS + 1):
+            update = telegram.user_message(
+                1000 + chat, f"message {round_number}", user_id=1000 + chat
+            )
+            sent_ids[chat].append(update["message"]["message_id"])
+            ts = f"17000{round_number:02d}{chat:03d}.000100"
+            body = dm_event(slack, f"D{chat}", f"message {round_number}", f"U{chat}", ts)
+            await post_to_any(running, slack, body, posted)
+            posted += 1
+
+    for round_number in range(ROUNDS // 2):
+        await send_round(round_number)
+    _, holders = await running.view("channel:telegram")
+    victim = holders["channel:telegram"]
+
+    async def in_flight_on_victim() -> bool:
+        found = await rows(running.url, "SELECT count(*) FROM turns WHERE status = 'running'")
+        return found[0][0] > 0
+
+    await wait_for(in_flight_on_victim, "turns in flight")
+    running.processes[victim].send_signal(signal.SIGKILL)
+    await running.processes[victim].wait()
+
+    async def moved() -> bool:
+        _, now = await running.view("channel:telegram")
+        return now.get("channel:telegram") not in (None, victim)
+
+    await wait_for(moved, "the Telegram connection on another worker")
+    for round_number in range(ROUNDS // 2, ROUNDS):
+        await send_round(round_number)
+
+    async def all_answered() -> bool:
+        unanswered = await rows(
+            running.url,
+            "SELECT count(*) FROM inbound_events e WHERE e.status = 'turn' AND NOT EXISTS "
+            "(SELECT 1 FROM turns t WHERE t.inbound_event_id = e.id AND t.status IN "
+            "('done', 'interrupted'))",
+        )
+        live = await rows(running.url, "SELECT count(*) FROM turns WHERE status = 'running'")
+        return unanswered[0][0] == 0 and live[0][0] == 0
+
+    await wait_for(all_answered, "every message answered")
+    told_again = 0
+
+    for chat in range(1, CHATS + 1):  # a reply each, in order, never two; or a notice
+        telegram_chat = telegram.sent(1000 + chat)
+        replies = [m.reply_to for m in telegram_chat if m.reply_to is not None]
+        notices = sum(m.visible.startswith(RESTARTED) for m in telegram_chat)
+        assert replies == [m for m in sent_ids[chat] if m in replies], f"Telegram chat {chat}"
+        assert ROUNDS - len(replies) <= notices, f"Telegram chat {chat}: a message unanswered"
+        dm = [p.text for p in slack.posted(f"D{chat}")]
+        dm_notices = sum(text.startswith(RESTARTED) for text in dm)
+        assert len(dm) - dm_notices <= ROUNDS, f"Slack DM {chat}: a message answered twice"
+        assert len(dm) >= ROUNDS, f"Slack DM {chat}: a message unanswered"
+        told_again += notices + dm_notices
+    doubled = await rows(
+        running.url,
+        "SELECT inbound_event_id FROM turns WHERE status = 'done' AND inbound_event_id IS NOT "
+        "NULL GROUP BY inbound_event_id HAVING count(*) > 1",
+    )
+    assert doubled == []
+    out_of_order = await rows(
+        running.url,
+        "SELECT a.id FROM turns a JOIN turns b ON a.conversation_id = b.conversation_id "
+        "AND a.id < b.id AND a.inbound_event_id > b.inbound_event_id AND b.attempt = 1",
+    )
+    assert out_of_order == []
+    cut = await rows(
+        running.url,
+        "SELECT count(*) FROM turns WHERE status = 'interrupted' OR attempt = 2 "
+        "OR delivery = 'stale'",
+    )
+    assert cut[0][0] >= 1, "the killed worker's turns in flight are resolved in their place"
+    assert told_again <= cut[0][0], "a notice only where a turn was cut"
+
+
+async def test_stop_through_a_worker_that_does_not_own_the_turn_stops_it(
+    cluster: tuple[Cluster, FakeTelegram, FakeSlack], ollama: FakeOllama
+) -> None:
+    running, _, slack = cluster
+    ollama.script_for("a long job", Text("Working on it"), Pause("long"), Text(" never said"))
+    place = f"slack:{TEAM}:D77:top"
+    await post_to_any(running, slack, dm_event(slack, "D77", "a long job", "U77", "1.1"), 0)
+    await slack.wait_until(
+        lambda: [p.text for p in slack.posted("D77")] == ["Working on it"], what="the reply"
+    )
+    _, holders = await running.view(f"place:{place}")
+    owner = holders[f"place:{place}"]
+    other = next(worker for worker in WORKERS if worker != owner)
+
+    status, _ = await slack.post_event(
+        running.events_urls[other], dm_event(slack, "D77", "!stop", "U77", "1.2")
+    )
+
+    assert status == 200
+    await slack.wait_until(
+        lambda: "Working on it (stopped)" in [p.text for p in slack.posted("D77")],
+        what="the reply stopped",
+    )
+    ollama.release("long")
