@@ -402,6 +402,11 @@ def _checked(config: Config) -> Config:
         "ollama.idle_timeout": config.ollama.idle_timeout,
         "ollama.max_concurrent_requests": config.ollama.max_concurrent_requests,
         "ollama.retry_backoff": config.ollama.retry_backoff,
+        "ollama.host_skip_seconds": config.ollama.host_skip_seconds,
+        **{
+            f"ollama.hosts.{name}.max_concurrent_requests": host.max_concurrent_requests
+            for name, host in config.ollama.hosts.items()
+        },
         "limits.max_message_chars": config.limits.max_message_chars,
         "limits.tool_timeout": config.limits.tool_timeout,
         "limits.tool_grace": config.limits.tool_grace,

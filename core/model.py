@@ -14,6 +14,10 @@ Why it is shaped this way:
   503 or 504) is tried again, at most `retries` times with a growing pause: nothing was shown
   yet, so nobody sees it twice. Once anything has arrived, a failure is final.
 - ollama, httpx and json exceptions are mapped to `core.errors` here and nowhere else.
+- Several Ollama hosts (`[ollama.hosts.<name>]`) each get their own client and slots; a request
+  goes to the least loaded host that has its model, and a host that fails before the first
+  piece is skipped for `host_skip_seconds` (said in the log) while the request is tried again
+  on another. One host (`[ollama].url`) is the same with a list of one.
 """
 
 import asyncio
@@ -52,9 +56,17 @@ UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 DEFAULT_KEEP_ALIVE_SECONDS = 300.0
 SLOW_START_SECONDS = 0.5
 """A model call whose first piece takes longer says what it waits for."""
+MODELS_READ_SECONDS = 60.0
+"""How long a host's list of pulled models is trusted."""
 MAX_IDLE_CONNECTIONS = 32
 """httpcore scans its whole pool on every request, so a burst's worth of idle connections would
 slow every later request; a few dozen cover any realistic OLLAMA_NUM_PARALLEL."""
+
+
+@dataclass(frozen=True)
+class OllamaHost:
+    url: str
+    max_concurrent_requests: int = 1
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,13 @@ class ModelSettings:
     """Tries again of a request that failed before its first piece."""
     retry_backoff: float = 0.5
     """Seconds before the first try again; doubled for each next one."""
+    hosts: dict[str, OllamaHost] = field(default_factory=dict)
+    """Several Ollama servers, by name; empty: the one at `url`."""
+    host_skip_seconds: float = 30.0
+    """A host that failed is not asked again for this long (unless no other is left)."""
+
+    def all_hosts(self) -> dict[str, OllamaHost]:
+        return self.hosts or {"ollama": OllamaHost(self.url, self.max_concurrent_requests)}
 
 
 @dataclass
@@ -94,30 +113,52 @@ def _no_status(status: str) -> None:
     pass
 
 
-class ModelClient:
-    """Streams chat replies from Ollama. Safe to share between every conversation."""
+class _Host:
+    """One Ollama server: its client, its request slots, and whether it is being skipped."""
 
-    def __init__(self, settings: ModelSettings) -> None:
-        self.settings = settings
-        self._slots = RequestSlots(settings.max_concurrent_requests)
-        self._keep_alive_seconds = keep_alive_seconds(settings.keep_alive)
-        self._context_lengths: dict[str, int | None] = {}
-        self._warm: dict[str, float] = {}
-        """When each model last answered: one that has not within `keep_alive` may be loading."""
-        connections = settings.max_concurrent_requests
-        self._client = ollama.AsyncClient(
-            host=settings.url,
-            timeout=httpx.Timeout(
-                connect=settings.connect_timeout, read=None, write=None, pool=None
-            ),
+    def __init__(self, name: str, host: OllamaHost, connect_timeout: float) -> None:
+        self.name = name
+        self.url = host.url
+        self.slots = RequestSlots(host.max_concurrent_requests)
+        self.limit = host.max_concurrent_requests
+        self.skipped_until = 0.0
+        self.models: list[str] | None = None
+        self.models_read = 0.0
+        connections = host.max_concurrent_requests
+        self.client = ollama.AsyncClient(
+            host=host.url,
+            timeout=httpx.Timeout(connect=connect_timeout, read=None, write=None, pool=None),
             limits=httpx.Limits(
                 max_connections=connections,
                 max_keepalive_connections=min(connections, MAX_IDLE_CONNECTIONS),
             ),
         )
 
+    @property
+    def load(self) -> float:
+        return (self.slots.busy + self.slots.waiting) / self.limit
+
+    def skipped(self, now: float) -> bool:
+        return now < self.skipped_until
+
+
+class ModelClient:
+    """Streams chat replies from Ollama. Safe to share between every conversation."""
+
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
+        self._hosts = [
+            _Host(name, host, settings.connect_timeout)
+            for name, host in settings.all_hosts().items()
+        ]
+        self._keep_alive_seconds = keep_alive_seconds(settings.keep_alive)
+        self._context_lengths: dict[str, int | None] = {}
+        self._warm: dict[str, float] = {}
+        """When each model last answered: one that has not within `keep_alive` may be loading."""
+
     async def close(self) -> None:
-        await self._client.close()
+        for host in self._hosts:
+            await host.client.close()
 
     async def chat(
         self,
@@ -139,8 +180,55 @@ class ModelClient:
         piece, `on_status` hears what the request waits for: a slot ("waiting for the model: 2
         requests ahead"), then, if the first piece is slow to come, the model ("loading
         qwen3:4b…" when it has not answered within its keep-alive, else "waiting for
-        qwen3:4b…")."""
+        qwen3:4b…"). A request that fails before its first piece for a passing reason is tried
+        again (on another host, if there is one)."""
+        for retry in range(self.settings.retries + 1):
+            host = await self._host_for(model)
+            try:
+                with self._errors_mapped(model, host):
+                    answered = await self._chat_on(
+                        host,
+                        model,
+                        messages,
+                        reply,
+                        on_chunk,
+                        tools,
+                        think,
+                        on_status,
+                        options,
+                        background,
+                    )
+            except ModelError as exc:
+                if retry == self.settings.retries or not exc.transient or reply.pieces:
+                    raise
+                self._skip(host, exc)
+                pause = self.settings.retry_backoff * 2**retry
+                logger.warning(
+                    "%s; trying again in %g s (%d of %d)",
+                    exc,
+                    pause,
+                    retry + 1,
+                    self.settings.retries,
+                )
+                await asyncio.sleep(pause)
+                continue
+            host.skipped_until = 0.0
+            return answered
+        raise AssertionError("unreachable: the last try raises or returns")
 
+    async def _chat_on(
+        self,
+        host: _Host,
+        model: str,
+        messages: Sequence[dict[str, Any]],
+        reply: ModelReply,
+        on_chunk: ChunkCallback,
+        tools: Sequence[dict[str, Any]],
+        think: bool | None,
+        on_status: StatusCallback,
+        options: dict[str, Any] | None,
+        background: bool,
+    ) -> ModelReply:
         waited = False
 
         def queued(ahead: int) -> None:
@@ -148,7 +236,7 @@ class ModelClient:
             waited = True
             on_status(f"waiting for the model: {ahead} {plural(ahead, 'request')} ahead")
 
-        async with self._slots.held(queued, background=background):
+        async with host.slots.held(queued, background=background):
             state = "waiting for" if self._is_warm(model) else "loading"
             # A quick start shows nothing; a slow one (or one that queued) says what it waits for.
             slow = asyncio.get_running_loop().call_later(
@@ -160,38 +248,49 @@ class ModelClient:
                 on_chunk(text, thinking)
 
             try:
-                answered = await self._tries(
-                    model,
-                    reply,
-                    lambda: self._stream(model, messages, reply, shown, tools, think, options),
+                answered = await self._stream(
+                    host, model, messages, reply, shown, tools, think, options
                 )
             finally:
                 slow.cancel()
             self._warm[model] = time.monotonic()
             return answered
 
-    async def _tries(
-        self, model: str, reply: ModelReply, attempt: Callable[[], Awaitable[ModelReply]]
-    ) -> ModelReply:
-        """`attempt()` with errors mapped, tried again while it fails for a passing reason
-        before the first piece of `reply` arrived."""
-        for retry in range(self.settings.retries + 1):
+    async def _host_for(self, model: str) -> _Host:
+        """The least loaded host that has `model`, among those not being skipped (all of them,
+        when every one is)."""
+        if len(self._hosts) == 1:
+            return self._hosts[0]
+        now = time.monotonic()
+        live = [host for host in self._hosts if not host.skipped(now)] or self._hosts
+        having = [host for host in live if await self._has(host, model)] or live
+        return min(having, key=lambda host: host.load)
+
+    async def _has(self, host: _Host, model: str) -> bool:
+        """Whether `host` has pulled `model` (its list read at most once a minute); a host that
+        cannot say is skipped."""
+        if host.models is None or time.monotonic() - host.models_read > MODELS_READ_SECONDS:
             try:
-                with self._errors_mapped(model):
-                    return await attempt()
+                host.models = await self._models_on(host)
             except ModelError as exc:
-                if retry == self.settings.retries or not exc.transient or reply.pieces:
-                    raise
-                pause = self.settings.retry_backoff * 2**retry
-                logger.warning(
-                    "%s; trying again in %g s (%d of %d)",
-                    exc,
-                    pause,
-                    retry + 1,
-                    self.settings.retries,
-                )
-                await asyncio.sleep(pause)
-        raise AssertionError("unreachable: the last try raises or returns")
+                self._skip(host, exc)
+                return False
+            host.models_read = time.monotonic()
+        return model_is_available(model, host.models)
+
+    def _skip(self, host: _Host, error: ModelError) -> None:
+        if len(self._hosts) == 1:
+            return
+        seconds = self.settings.host_skip_seconds
+        host.skipped_until = time.monotonic() + seconds
+        host.models = None
+        logger.warning(
+            "Ollama host %s (%s) failed (%s); the others answer for %g s",
+            host.name,
+            host.url,
+            error,
+            seconds,
+        )
 
     def _is_warm(self, model: str) -> bool:
         answered = self._warm.get(model)
@@ -199,6 +298,7 @@ class ModelClient:
 
     async def _stream(
         self,
+        host: _Host,
         model: str,
         messages: Sequence[dict[str, Any]],
         reply: ModelReply,
@@ -209,7 +309,7 @@ class ModelClient:
     ) -> ModelReply:
         started = time.monotonic()
         final: ollama.ChatResponse | None = None
-        stream = await self._client.chat(
+        stream = await host.client.chat(
             model=model,
             messages=messages,
             tools=list(tools) or None,
@@ -258,20 +358,20 @@ class ModelClient:
         )
 
     @contextmanager
-    def _errors_mapped(self, model: str) -> Iterator[None]:
+    def _errors_mapped(self, model: str, host: _Host) -> Iterator[None]:
         """The one boundary where library exceptions become ours; unforeseen ones pass through."""
         try:
             yield
         except ModelError:
             raise
         except Exception as exc:
-            mapped = self._translate(exc, model)
+            mapped = self._translate(exc, model, host)
             if mapped is None:
                 raise
             raise mapped from exc
 
-    def _translate(self, exc: Exception, model: str) -> ModelError | None:
-        url = self.settings.url
+    def _translate(self, exc: Exception, model: str, host: _Host) -> ModelError | None:
+        url = host.url
         if isinstance(exc, ollama.ResponseError):
             if exc.status_code == 404:
                 return ModelNotFound(f"model {model} not found: run `ollama pull {model}`")
@@ -286,8 +386,9 @@ class ModelClient:
                 f"Ollama answered HTTP {exc.status_code}: {exc.error}; {fix}", exc.status_code
             )
         if isinstance(exc, ConnectionError | httpx.ConnectError | httpx.ConnectTimeout):
+            where = "[ollama].url" if len(self._hosts) == 1 else f"[ollama.hosts.{host.name}].url"
             return ModelUnreachable(
-                f"cannot reach Ollama at {url}: start it with `ollama serve`, or set [ollama].url"
+                f"cannot reach Ollama at {url}: start it with `ollama serve`, or set {where}"
             )
         if isinstance(exc, httpx.HTTPError | json.JSONDecodeError | pydantic.ValidationError):
             return ModelStreamError(
@@ -298,15 +399,29 @@ class ModelClient:
         return None
 
     async def list_models(self) -> list[str]:
-        """Names of the models Ollama has pulled (`GET /api/tags`)."""
-        listing = await self._quick(self._client.list(), "")
+        """Names of the models Ollama has pulled (`GET /api/tags`): on any host that answers
+        (the first host's error if none does)."""
+        found: list[str] = []
+        failures: list[ModelError] = []
+        for host in self._hosts:
+            try:
+                found += [name for name in await self._models_on(host) if name not in found]
+            except ModelError as exc:
+                failures.append(exc)
+        if failures and len(failures) == len(self._hosts):
+            raise failures[0]
+        return found
+
+    async def _models_on(self, host: _Host) -> list[str]:
+        listing = await self._quick(host.client.list(), "", host)
         return [entry.model for entry in listing.models if entry.model]
 
     async def context_length(self, model: str) -> int | None:
         """The longest context `model` was trained for (`<architecture>.context_length` from
         `POST /api/show`), asked once per model; None if Ollama does not say."""
         if model not in self._context_lengths:
-            shown = await self._quick(self._client.show(model), model)
+            host = await self._host_for(model)
+            shown = await self._quick(host.client.show(model), model, host)
             lengths = [
                 value
                 for key, value in (shown.modelinfo or {}).items()
@@ -315,16 +430,16 @@ class ModelClient:
             self._context_lengths[model] = lengths[0] if lengths else None
         return self._context_lengths[model]
 
-    async def _quick(self, request: Awaitable[T], model: str) -> T:
+    async def _quick(self, request: Awaitable[T], model: str, host: _Host) -> T:
         """A short request (not a chat): errors mapped, and an answer within a few seconds."""
         limit = self.settings.connect_timeout * 2
         try:
-            with self._errors_mapped(model):
+            with self._errors_mapped(model, host):
                 async with asyncio.timeout(limit):
                     return await request
         except TimeoutError as exc:
             raise ModelUnreachable(
-                f"Ollama at {self.settings.url} did not answer within {limit:g} s; check that it "
+                f"Ollama at {host.url} did not answer within {limit:g} s; check that it "
                 "is running and that [ollama].url points at it"
             ) from exc
 

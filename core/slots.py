@@ -26,6 +26,10 @@ class RequestSlots:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def busy(self) -> int:
+        return self._busy
+
     @asynccontextmanager
     async def held(
         self, on_wait: Callable[[int], None], *, background: bool = False

@@ -15,7 +15,7 @@ from core.errors import (
     ModelTimeout,
     ModelUnreachable,
 )
-from core.model import ModelClient, ModelReply, ModelSettings, model_is_available
+from core.model import ModelClient, ModelReply, ModelSettings, OllamaHost, model_is_available
 from tests.fakes.ollama import Cut, ErrorLine, FakeOllama, HttpError, Pause, Stall, Text
 
 HELLO = [{"role": "user", "content": "hello"}]
@@ -226,3 +226,43 @@ async def test_tries_again_are_bounded_and_only_for_passing_failures(
     with pytest.raises(ModelHTTPError, match="500"):
         await chat(model)
     assert len(ollama.requests) == 4, "three tries of the 503, one of the 500"
+
+
+# -- several hosts ---------------------------------------------------------------------------
+
+
+async def test_a_request_goes_to_a_host_that_has_its_model_and_the_least_loaded_one() -> None:
+    async with FakeOllama(models=["small"]) as one, FakeOllama(models=["small", "big"]) as two:
+        hosts = {"one": OllamaHost(one.url), "two": OllamaHost(two.url)}
+        client = ModelClient(ModelSettings(hosts=hosts, connect_timeout=2))
+        try:
+            assert await chat(client, "big") == "ok"
+            assert (len(one.requests), len(two.requests)) == (0, 1), "only two has big"
+            one.script(Pause("one busy"), Text("from one"))
+            two.script(Pause("two busy"), Text("from two"))
+            first = asyncio.create_task(chat(client, "small"))
+            second = asyncio.create_task(chat(client, "small"))
+            await one.reached("one busy")  # one request each: the least loaded host takes it
+            await two.reached("two busy")
+            one.release("one busy")
+            two.release("two busy")
+            assert sorted(await asyncio.gather(first, second)) == ["from one", "from two"]
+            assert sorted(await client.list_models()) == ["big", "small"]
+        finally:
+            await client.close()
+
+
+async def test_a_host_that_fails_is_skipped_and_the_request_answered_by_another(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    async with FakeOllama() as up:
+        hosts = {"gone": OllamaHost(down), "up": OllamaHost(up.url)}
+        client = ModelClient(ModelSettings(hosts=hosts, connect_timeout=2, retry_backoff=0.01))
+        try:
+            answers = [await chat(client) for _ in range(3)]
+        finally:
+            await client.close()
+    assert answers == ["ok"] * 3 and len(up.requests) == 3
+    skipped = [r.getMessage() for r in caplog.records if "Ollama host gone" in r.getMessage()]
+    assert len(skipped) == 1 and "the others answer for 30 s" in skipped[0]
