@@ -10,7 +10,8 @@ arrival order (the inbox's ids), `/stop` run by the owner (forwarded to it).
   The owner picks it up. A conversation nobody owns is claimed by the worker a rendezvous hash
   of (worker, place) prefers among the live workers, so conversations spread over the workers
   whichever of them received the message (a platform's long poll runs on one). The others are
-  told by notification (`work`).
+  told by notification (`work`); if the preferred one has died since the live workers were
+  read, the receiver takes the place after `CLAIM_GRACE_SECONDS`.
 - **Pickup.** The owner reads the place's queued messages, oldest first, takes each over
   (`Store.take_over`: one taker wins, even against a dying owner's last act) and submits it to
   its own runner. A message this worker received itself keeps what the inbox does not hold (its
@@ -48,9 +49,16 @@ from core.turns import TurnRequest, TurnRunner
 
 logger = logging.getLogger(__name__)
 
+CLAIM_GRACE_SECONDS = 1.0
+"""How long the preferred worker has to take a new conversation before the receiver does."""
 CommandRunner = Callable[[ChannelMessage], Awaitable[None]]
 FiringRunner = Callable[[dict[str, Any]], Awaitable[None]]
 PlaceHook = Callable[[str], Awaitable[None]]
+
+
+def _log_failure(task: "asyncio.Future[None]") -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("ownership: taking a place over failed: %s", task.exception())
 
 
 def preferred(place: str, workers: list[str]) -> str | None:
@@ -83,6 +91,7 @@ class Owners:
         self._unclaimed: set[str] = set()
         """Places the last sweep found waiting with no owner."""
         self._sweeping: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Future[None]] = set()
         self.run_command: CommandRunner | None = None
         """Runs a command as the dispatcher would (set by the dispatcher)."""
         self.run_firing: FiringRunner | None = None
@@ -102,9 +111,10 @@ class Owners:
         self._sweeping = asyncio.create_task(self._sweep_forever(), name="ownership sweep")
 
     async def stop(self) -> None:
-        if self._sweeping is not None:
-            self._sweeping.cancel()
-            await asyncio.gather(self._sweeping, return_exceptions=True)
+        tasks = [*self._background, *([self._sweeping] if self._sweeping else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- arrivals ----------------------------------------------------------------------------------
 
@@ -117,6 +127,21 @@ class Owners:
             await self.pickup(place)
         else:
             await self._coordinator.notify("work", place=place)
+            self._later(self._unless_taken(place))
+
+    async def _unless_taken(self, place: str) -> None:
+        """The preferred worker had a moment to take `place`; if nobody did (it died since the
+        live workers were last read), this worker does, and reads them again."""
+        await asyncio.sleep(CLAIM_GRACE_SECONDS)
+        if place not in self._owned and await self._claimed(place, preferred_only=False):
+            self._workers = await self._coordinator.workers()
+            await self.pickup(place)
+
+    def _later(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(_log_failure)
 
     async def pickup(self, place: str) -> None:
         """Submit the place's queued messages, oldest first, each taken over once."""
