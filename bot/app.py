@@ -416,9 +416,12 @@ def _supervised(
     adapter: Adapter, deliver: Deliver, cluster: Coordinator | None, config: Config
 ) -> Supervised | Leased:
     """A channel under supervision; in a cluster, one whose connection must be single also
-    under its lease (Slack's HTTP Events are served by every worker)."""
+    under its lease (Slack's HTTP Events and Telegram's webhook are served by every worker)."""
     supervised = Supervised(adapter, deliver)
-    if cluster is None or (adapter.platform == "slack" and config.channels.slack.mode == "http"):
+    served_by_all = (adapter.platform == "slack" and config.channels.slack.mode == "http") or (
+        adapter.platform == "telegram" and config.channels.telegram.mode == "webhook"
+    )
+    if cluster is None or served_by_all:
         return supervised
     return Leased(supervised, cluster)
 
@@ -575,6 +578,11 @@ def _adapters(config: Config, terminal: TerminalIO) -> list[Adapter]:
             logger.warning(
                 "Telegram is on but nobody may use it: set [channels.telegram].allowed_users "
                 "(user ids) or anyone = true"
+            )
+        if telegram.mode == "webhook" and not os.environ.get(telegram.webhook_secret_env):
+            raise ConfigError(
+                f"Telegram webhooks need a secret token: set ${telegram.webhook_secret_env} "
+                "(any 1-256 letters, digits, _ or -); Telegram sends it with every update"
             )
         adapters.append(TelegramChannel(telegram, token))
     slack = config.channels.slack

@@ -182,6 +182,7 @@ class Config:
         names = [
             self.storage.database_url_env,
             self.channels.telegram.token_env,
+            self.channels.telegram.webhook_secret_env,
             slack.bot_token_env,
             slack.app_token_env,
             slack.signing_secret_env,
@@ -331,6 +332,18 @@ def _kind(value: Any) -> str:
     )
 
 
+def _check_telegram_webhook(telegram: TelegramSettings) -> None:
+    if telegram.mode not in ("polling", "webhook"):
+        raise ConfigError(
+            f"'channels.telegram.mode' must be polling or webhook, got {telegram.mode!r}"
+        )
+    if telegram.mode == "webhook" and not telegram.webhook_url.startswith("https://"):
+        raise ConfigError(
+            "'channels.telegram.webhook_url' must be the https:// address Telegram posts "
+            'updates to (mode = "webhook")'
+        )
+
+
 def _check_delegation(agents: dict[str, AgentConfig]) -> None:
     """Every `delegates_to` names a defined agent, and none leads back to where it started."""
     for name, agent in agents.items():
@@ -469,6 +482,7 @@ def _checked(config: Config) -> Config:
                 f"'mcp.{name}' needs either command (a program speaking MCP on stdio) or url "
                 "(a streamable-HTTP endpoint), not both"
             )
+    _check_telegram_webhook(config.channels.telegram)
     if config.memory.scope not in SCOPES:
         raise ConfigError(
             f"'memory.scope' must be one of {', '.join(SCOPES)}, got {config.memory.scope!r}"

@@ -63,6 +63,14 @@ class TelegramSettings(PlatformSettings[int]):
     poll_timeout: int = 30
     base_url: str = "https://api.telegram.org/bot"
     base_file_url: str = "https://api.telegram.org/file/bot"
+    mode: str = "polling"
+    """`polling` (one process asks Telegram), or `webhook` (Telegram posts to `webhook_url`;
+    every worker of a cluster may serve it, behind any load balancer)."""
+    webhook_url: str = ""
+    webhook_host: str = "127.0.0.1"
+    webhook_port: int = 8443
+    webhook_path: str = "/telegram"
+    webhook_secret_env: str = "KAIWA_TELEGRAM_WEBHOOK_SECRET"
 
 
 @dataclass(frozen=True)

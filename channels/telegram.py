@@ -32,6 +32,11 @@ Telegram's errors are mapped here and nowhere else: 429 → `RateLimited`, "mess
 modified" → nothing to do, any other refusal or network failure → `PlatformError`, an answer
 without the message → `LostMessage`.
 
+Webhook mode (`mode = "webhook"`): Telegram posts each update to `webhook_url`, which reaches
+the server `run` starts (any worker of a cluster behind a load balancer: no lease is needed). A
+request without the secret token Kaiwa registered gets 401; an update is answered 200 once its
+message is recorded, and 500 when it could not be, so Telegram delivers it again.
+
 Stopping never cancels a request in flight (a cancelled httpx request can keep its pooled
 connection taken for good): the long poll is awaited through a shield, so `stop_receiving`
 returns at once and the poll itself ends when Telegram answers it or `close` shuts the
@@ -50,6 +55,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from aiohttp import web
 from telegram import (
     Bot,
     BotCommand,
@@ -212,6 +218,9 @@ class TelegramChannel(ConnectionState):
 
     async def run(self, deliver: Deliver) -> None:
         self._deliver = deliver
+        if self._settings.mode == "webhook":
+            await self._serve_webhook()
+            return
         await self._start()
         polling = asyncio.create_task(self._poll(), name="telegram polling")
         stopping = asyncio.create_task(self._stopping.wait(), name="telegram stopping")
@@ -274,6 +283,59 @@ class TelegramChannel(ConnectionState):
             raise self.cannot_connect(PlatformError(self._unreachable(exc))) from exc
         self.now_connected()
         logger.info("Telegram: polling as @%s", self._bot.username)
+
+    async def _serve_webhook(self) -> None:
+        """Register the webhook (with its secret), then take the updates Telegram posts until
+        the channel stops. The webhook is left set: other workers may still serve it."""
+        settings, secret = self._settings, os.environ.get(self._settings.webhook_secret_env, "")
+        try:
+            await self._bot.initialize()
+            await self._bot.set_my_commands([BotCommand(n, s) for n, s in COMMANDS])
+            await self._bot.set_webhook(
+                settings.webhook_url, secret_token=secret, allowed_updates=list(UPDATES)
+            )
+        except InvalidToken as exc:
+            raise self.cannot_connect(ChannelError(_token_problem(settings))) from exc
+        except TelegramError as exc:
+            raise self.cannot_connect(PlatformError(self._unreachable(exc))) from exc
+        server = web.Application()
+        server.router.add_post(settings.webhook_path, functools.partial(self._posted, secret))
+        runner = web.AppRunner(server, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, settings.webhook_host, settings.webhook_port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            problem = (
+                f"cannot listen for Telegram updates on {settings.webhook_host}:"
+                f"{settings.webhook_port} ({exc}): set [channels.telegram].webhook_port to a "
+                "free port"
+            )
+            raise self.cannot_connect(ChannelError(problem)) from exc
+        self.now_connected()
+        logger.info("Telegram: receiving updates at %s", settings.webhook_url)
+        try:
+            await self._stopping.wait()
+        finally:
+            await runner.cleanup()
+            self.connected.clear()
+
+    async def _posted(self, secret: str, request: web.Request) -> web.Response:
+        """One update Telegram posted: 200 once recorded, 500 when it could not be (Telegram
+        posts it again), 401 without our secret, 400 for a body that is no update."""
+        if request.headers.get("X-Telegram-Bot-Api-Secret-Token", "") != secret:
+            return web.Response(status=401)
+        try:
+            raw = await request.json()
+        except ValueError:
+            return web.Response(status=400)
+        if not isinstance(raw, dict) or "update_id" not in raw:
+            return web.Response(status=400)
+        try:
+            await self._receive(raw)
+        except StoreError:
+            return web.Response(status=500)
+        return web.Response(status=200)
 
     def _unreachable(self, exc: Exception) -> str:
         return unreachable("Telegram", self._settings.base_url, "[channels.telegram].base_url", exc)

@@ -3,6 +3,7 @@ python-telegram-bot against the fake Bot API and the fake Ollama."""
 
 import asyncio
 import base64
+import socket
 from typing import Any
 
 import pytest
@@ -391,3 +392,40 @@ async def test_run_starts_again_after_it_failed(make_bot: BotFactory) -> None:
             fake.user_message(ANN, "hello")
             await fake.wait_until(lambda: [m.visible for m in fake.sent(ANN)] == ["Back again."])
         assert channel.problem is None
+
+
+async def test_webhook_mode_answers_posted_updates_and_refuses_a_wrong_secret(
+    make_bot: BotFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Telegram posts updates to every worker behind a load balancer: an update is answered
+    once whichever worker gets it, a post without the registered secret changes nothing."""
+    monkeypatch.setenv("KAIWA_TELEGRAM_WEBHOOK_SECRET", "s3cret")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with FakeTelegram() as fake:
+        settings = TelegramSettings(
+            base_url=fake.base_url,
+            base_file_url=fake.base_file_url,
+            edit_interval=0.05,
+            mode="webhook",
+            webhook_url="https://kaiwa.example/telegram",
+            webhook_port=port,
+        )
+        channel = TelegramChannel(settings, BOT_TOKEN)
+        bot = make_bot(channel=channel, allowed=ALLOWED)
+        bot.ollama.script(Text("Over the webhook."))
+        url = f"http://127.0.0.1:{port}/telegram"
+        async with running(channel, bot):
+            await asyncio.wait_for(channel.connected.wait(), 5)
+            update = {"update_id": 900_001, **fake.text_update(ANN, "hello", user_id=ANN)}
+            forged = await fake.post_update(url, update, "wrong")
+            accepted = await fake.post_update(url, update, "s3cret")
+            again = await fake.post_update(url, update, "s3cret")  # Telegram retries
+            await fake.wait_until(
+                lambda: [m.visible for m in fake.sent(ANN)] == ["Over the webhook."],
+                what="the reply",
+            )
+    assert fake.webhook == {"url": "https://kaiwa.example/telegram", "secret": "s3cret"}
+    assert (forged, accepted, again) == (401, 200, 200)
+    assert len(bot.ollama.requests) == 1, "answered once"

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
+import aiohttp
 from aiohttp import web
 
 from tests.fakes.changes import Changes
@@ -477,6 +478,8 @@ class FakeTelegram:
         self._sent: dict[int | str, dict[int, SentMessage]] = {}
         self.deleted: list[int] = []
         """Ids of the bot's messages it deleted, in order."""
+        self.webhook: dict[str, Any] = {}
+        """What `setWebhook` was last given: its url and secret token."""
         self._files: dict[str, _StoredFile] = {}
         self._queries: dict[str, _Json] = {}  # callback queries not answered yet, by id
         self._query_ids = itertools.count(4_400_000_000_000_001)
@@ -493,6 +496,7 @@ class FakeTelegram:
         self._methods: dict[str, Callable[[dict[str, Any]], Any]] = {
             "getme": self._get_me,
             "deletewebhook": lambda params: True,
+            "setwebhook": self._set_webhook,
             "getwebhookinfo": self._get_webhook_info,
             "sendmessage": self._send_message,
             "editmessagetext": self._edit_message_text,
@@ -628,8 +632,14 @@ class FakeTelegram:
         self._queries[query["id"]] = query
         return self.push_update({"callback_query": query})
 
-    def push_update(self, raw: _Json) -> _Json:
-        """Queue any update as Telegram would send it; ``update_id`` is filled in if missing."""
+    def text_update(self, chat_id: int, text: str, *, user_id: int | None = None) -> _Json:
+        """A person's text message as an update, not queued (for `post_update`)."""
+        message = self._user_message_base(chat_id, user_id, "private", "Ann", None)
+        message["text"] = text
+        return {"message": message}
+
+    def _numbered(self, raw: _Json) -> _Json:
+        """`raw` with its `update_id` (the next one if missing), its chat and message known."""
         update = dict(raw)
         if "update_id" not in update:
             update["update_id"] = self._next_update_id
@@ -640,6 +650,22 @@ class FakeTelegram:
             self._chats.setdefault(chat_id, message["chat"])
             self._take_message_id(chat_id, message["message_id"])
             self._user_messages.setdefault(chat_id, {})[message["message_id"]] = message
+        return update
+
+    async def post_update(self, url: str, raw: _Json, secret: str | None) -> int:
+        """POST an update to a bot's webhook, as Telegram does (with `secret` as its
+        secret-token header); the status the bot answered."""
+        update = self._numbered(raw)
+        headers = {"X-Telegram-Bot-Api-Secret-Token": secret} if secret is not None else {}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, json=update, headers=headers) as response,
+        ):
+            return response.status
+
+    def push_update(self, raw: _Json) -> _Json:
+        """Queue any update as Telegram would send it; ``update_id`` is filled in if missing."""
+        update = self._numbered(raw)
         self._updates.append(update)
         self._updates.sort(key=lambda queued: queued["update_id"])
         self._arrival.set()
@@ -793,6 +819,10 @@ class FakeTelegram:
             "can_read_all_group_messages": False,
             "supports_inline_queries": False,
         }
+
+    def _set_webhook(self, params: Mapping[str, Any]) -> bool:
+        self.webhook = {"url": str(params.get("url", "")), "secret": params.get("secret_token")}
+        return True
 
     def _get_webhook_info(self, params: Mapping[str, Any]) -> _Json:
         return {"url": "", "has_custom_certificate": False, "pending_update_count": 0}
