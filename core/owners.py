@@ -28,7 +28,9 @@ arrival order (the inbox's ids), `/stop` run by the owner (forwarded to it).
 - **Release.** A conversation quiet for `idle_seconds` (no live turn, nothing queued) is let go,
   so leases do not pile up and ownership follows the live workers.
 - **Commands and firings** for a conversation owned elsewhere are forwarded to the owner by
-  notification (`command`, `firing`); the owner runs them as if received itself.
+  notification (`command`, `firing`); the owner runs them as if received itself. A scheduled
+  task made or changed on one worker is announced (`task`), so every worker's scheduler has it
+  and a worker's death never leaves a task without one.
 """
 
 import asyncio
@@ -98,7 +100,10 @@ class Owners:
         """Runs a scheduled firing claimed elsewhere (set by the scheduler)."""
         self.recovered: PlaceHook | None = None
         """Told of each place claimed, after its leftovers are resolved (the plans' messages)."""
+        self.task_changed: Callable[[int], Awaitable[None]] | None = None
+        """Told of a scheduled task changed on another worker (set by the scheduler)."""
         coordinator.on("work", self._on_work)
+        coordinator.on("task", self._on_task)
         coordinator.on("command", self._on_command)
         coordinator.on("firing", self._on_firing)
 
@@ -170,6 +175,14 @@ class Owners:
 
     async def forward_firing(self, place: str, firing: dict[str, Any]) -> None:
         await self._coordinator.notify("firing", place=place, firing=firing)
+
+    async def announce_task(self, task_id: int) -> None:
+        """A scheduled task was made or changed here: every worker's scheduler follows it."""
+        await self._coordinator.notify("task", id=task_id)
+
+    async def _on_task(self, note: dict[str, Any]) -> None:
+        if self.task_changed is not None and note.get("from") != self.worker:
+            await self.task_changed(int(note["id"]))
 
     # -- notifications ---------------------------------------------------------------------------
 

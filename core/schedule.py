@@ -328,10 +328,24 @@ class Scheduler:
         self._owners: Owners | None = None
 
     def serve_cluster(self, owners: Owners) -> None:
-        """One of several workers: a slot is still claimed once (the store's unique run), and
-        its turn runs on the worker that owns the task's conversation (forwarded to it)."""
+        """One of several workers: every worker's scheduler follows every task (a change made
+        on one is announced to the others), a slot is still claimed once (the store's unique
+        run), and its turn runs on the worker that owns the task's conversation."""
         self._owners = owners
         owners.run_firing = self._run_forwarded
+        owners.task_changed = self._reload
+
+    async def _announce(self, task: ScheduledTask) -> None:
+        if self._owners is not None and task.id is not None:
+            await self._owners.announce_task(task.id)
+
+    async def _reload(self, task_id: int) -> None:
+        """A task changed on another worker: follow its row."""
+        task = await self._store.task(task_id)
+        if task is None:
+            self._untrack(task_id)
+        else:
+            self._track(task)
 
     @property
     def default_zone(self) -> str:
@@ -651,6 +665,7 @@ class Scheduler:
         values["next_run"] = next_slot(trigger_of(probe), now)
         task = await self._store.create_task(values)
         self._track(task)
+        await self._announce(task)
         logger.info("task %d created in %s: %s", task.id, task.place, describe_schedule(task))
         return task
 
@@ -674,6 +689,7 @@ class Scheduler:
         assert task.id is not None
         await self._store.update_task(task.id, {"enabled": False, "paused_reason": reason or None})
         self._untrack(task.id)
+        await self._announce(task)
 
     async def resume(self, task: ScheduledTask) -> ScheduledTask:
         """Enabled again from now on: slots passed while paused are not caught up."""
@@ -688,6 +704,7 @@ class Scheduler:
         await self._store.update_task(task.id, changes)
         resumed = task.model_copy(update=changes)
         self._track(resumed)
+        await self._announce(task)
         return resumed
 
     async def cancel(self, task: ScheduledTask) -> None:
@@ -696,6 +713,7 @@ class Scheduler:
         self._cancelled.add(task.id)
         self._untrack(task.id)
         await self._store.update_task(task.id, {"enabled": False, "cancelled_at": self._clock()})
+        await self._announce(task)
 
     async def update(self, task: ScheduledTask, changes: dict[str, Any]) -> ScheduledTask:
         assert task.id is not None
@@ -705,6 +723,7 @@ class Scheduler:
             changed = task.model_copy(update=changes)
         await self._store.update_task(task.id, changes)
         self._track(changed)
+        await self._announce(task)
         return changed
 
     def run_now(self, task: ScheduledTask) -> None:

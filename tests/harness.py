@@ -171,6 +171,8 @@ async def make_bot(
             tools = task_tools(scheduler, lambda place, platform: "assistant")
             runner.shared_tools = {each.name: each for each in tools}
         owners = Owners(cluster, used_store, runner, channels) if cluster is not None else None
+        if owners is not None and scheduler is not None:
+            scheduler.serve_cluster(owners)
         notes = Memory(used_store, memory) if memory is not None else None
         if notes is not None:
             runner.shared_tools.update({each.name: each for each in memory_tools(notes)})

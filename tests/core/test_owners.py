@@ -8,16 +8,20 @@ A worker's death is what PostgreSQL sees of it: its cluster connections close (i
 and what it left `running` stays so.
 """
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 import pytest
 
 from core.channel import Outcome
 from core.cluster import ClusterSettings, Coordinator
 from core.owners import preferred
+from core.schedule import ScheduleSettings, When
 from core.store import Inbound, Store, TurnStart
+from core.tools import ToolContext
 from tests.databases import QUICK, postgres_schema, postgres_url
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import Pause, Text
@@ -42,6 +46,17 @@ class Pair:
     coordinators: dict[str, Coordinator]
 
 
+class Clock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+CLOCK = Clock(datetime(2026, 12, 1, 9, 0, tzinfo=UTC))
+
+
 @pytest.fixture
 async def pair(make_bot: BotFactory) -> AsyncIterator[Pair]:
     base = postgres_url()
@@ -57,7 +72,11 @@ async def pair(make_bot: BotFactory) -> AsyncIterator[Pair]:
         bots = []
         for worker, store in zip(WORKERS, stores, strict=True):
             bot = make_bot(
-                bot_store=store, cluster=coordinators[worker], channel=RecordingChannel()
+                bot_store=store,
+                cluster=coordinators[worker],
+                channel=RecordingChannel(),
+                schedule=ScheduleSettings(),
+                clock=CLOCK,
             )
             await coordinators[worker].start()
             bots.append(bot)
@@ -188,6 +207,10 @@ async def test_a_quiet_conversation_is_let_go_and_claimed_again_on_its_next_mess
     assert pair.b.owners is not None
     quick = replace(pair.coordinators["b"].settings, idle_seconds=0)
     monkeypatch.setattr(pair.coordinators["b"], "settings", quick)
+    await pair.b.runner.wait_idle(place)
+    async with asyncio.timeout(5):  # until what the reply shows is stored: then it is quiet
+        while place in await pair.b.store.places_waiting():  # noqa: ASYNC110  (the store's state)
+            await asyncio.sleep(0.01)
 
     await pair.b.owners.sweep()
     assert pair.b.owners.owned == set()
@@ -195,3 +218,41 @@ async def test_a_quiet_conversation_is_let_go_and_claimed_again_on_its_next_mess
     await pair.b.channel.finished(2)
 
     assert texts(pair.b) == ["hello", "hello"]
+
+
+async def test_a_task_made_on_one_worker_fires_once_on_its_owner_after_its_maker_died(
+    pair: Pair,
+) -> None:
+    """Every worker's scheduler follows a task made on any of them; a slot both try to fire is
+    claimed once, and runs on the owner of the task's place."""
+    place = place_of("b")
+    assert pair.a.scheduler is not None and pair.b.scheduler is not None
+    CLOCK.now = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    ann = ToolContext("test", place, "ann", "person")
+    task = await pair.a.scheduler.create(ann, "assistant", "say hello", When(every_minutes=60))
+    pair.a.ollama.default = [Text("hello from the task")]
+    CLOCK.now = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+
+    async def fired_by_both() -> bool:
+        await asyncio.gather(*pair.a.scheduler.fire_due(), *pair.b.scheduler.fire_due())
+        return bool(await pair.b.store.task_runs(task.id or 0, 5))
+
+    async with asyncio.timeout(5):  # b hears of the task by notification
+        while not await fired_by_both():  # noqa: ASYNC110  (another worker's notice)
+            await asyncio.sleep(0.01)
+    await pair.a.runner.wait_idle(place)
+    await pair.b.runner.wait_idle(place)
+    replies = [r.text for bot in (pair.a, pair.b) for r in bot.channel.replies]
+    assert replies == ["hello from the task"], "one run, on the worker that owns the place"
+    assert len(await pair.b.store.task_runs(task.id or 0, 5)) == 1
+
+    await pair.coordinators["a"].close()  # a dies; b alone fires the next slot
+    pair.a.scheduler.stop()
+    CLOCK.now = datetime(2026, 12, 1, 11, 0, tzinfo=UTC)
+    async with asyncio.timeout(5):  # a's lease ends a moment after its connection
+        while not await pair.b.owners.runs_here(place):  # type: ignore[union-attr]  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    await asyncio.gather(*pair.b.scheduler.fire_due())
+    await pair.b.runner.wait_idle(place)
+    assert [r.text for r in pair.b.channel.replies][-1] == "hello from the task"
+    assert len(await pair.b.store.task_runs(task.id or 0, 5)) == 2
