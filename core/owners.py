@@ -104,6 +104,7 @@ class Owners:
         """Told of a scheduled task changed on another worker (set by the scheduler)."""
         coordinator.on("work", self._on_work)
         coordinator.on("task", self._on_task)
+        coordinator.on("joined", self._on_joined)
         coordinator.on("command", self._on_command)
         coordinator.on("firing", self._on_firing)
 
@@ -112,8 +113,11 @@ class Owners:
         return set(self._owned)
 
     async def start(self) -> None:
+        """Read the live workers, and tell them this one joined (so new conversations come to
+        it from now on, not only after their next sweep)."""
         self._workers = await self._coordinator.workers()
         self._sweeping = asyncio.create_task(self._sweep_forever(), name="ownership sweep")
+        await self._coordinator.notify("joined")
 
     async def stop(self) -> None:
         tasks = [*self._background, *([self._sweeping] if self._sweeping else [])]
@@ -179,6 +183,10 @@ class Owners:
     async def announce_task(self, task_id: int) -> None:
         """A scheduled task was made or changed here: every worker's scheduler follows it."""
         await self._coordinator.notify("task", id=task_id)
+
+    async def _on_joined(self, note: dict[str, Any]) -> None:
+        if note.get("from") != self.worker:
+            self._workers = await self._coordinator.workers()
 
     async def _on_task(self, note: dict[str, Any]) -> None:
         if self.task_changed is not None and note.get("from") != self.worker:
