@@ -258,6 +258,13 @@ async def run(
     cluster = Coordinator(config.database_url(), config.cluster) if worker else None
     model = ModelClient(config.ollama)
     adapters = _adapters(config, terminal)
+    if not adapters:
+        await model.close()
+        raise ConfigError(
+            "no channel to serve: set a platform's token variable ([channels.telegram].token_env, "
+            "[channels.slack].bot_token_env, [channels.discord].token_env)"
+            + ("" if config.cluster.enabled else " or keep [channels.terminal].enabled = true")
+        )
     try:
         problems = await find_problems(config, model, adapters)
         if problems:

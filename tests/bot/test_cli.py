@@ -321,6 +321,22 @@ async def test_an_unknown_tool_to_ask_about_is_refused_not_silently_unguarded(
     assert "fetch_url" in err and "remember" in err and "schedule_task" in err
 
 
+async def test_a_worker_with_no_channel_to_serve_says_so(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """Regression: a cluster worker (the terminal is off there) with no platform token crashed
+    with "Set of Tasks/Futures is empty" instead of saying what was missing."""
+    config = write_config(tmp_path, ollama.url)
+    config.write_text(
+        config.read_text().replace(
+            "[channels.terminal]\n", "[channels.terminal]\nenabled = false\n"
+        )
+    )
+    code, _, err = await finish(await kaiwa("--config", str(config), "run"))
+    assert code == 2
+    assert err.startswith("kaiwa: configuration error: no channel to serve: set a platform's")
+
+
 async def test_an_unknown_critic_tool_is_a_configuration_error(
     ollama: FakeOllama, tmp_path: Path
 ) -> None:
