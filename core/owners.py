@@ -292,13 +292,6 @@ class Owners:
                     "worker %s let go of %s (quiet for %.0f s)", self.worker, place, now - active
                 )
 
-    def forget_all(self) -> list[str]:
-        """The lease connection was lost: nothing is owned any more. The places that were."""
-        places = list(self._owned)
-        self._owned.clear()
-        self._received.clear()
-        return places
-
 
 def _request_of(row: InboundEvent) -> TurnRequest:
     """The turn of a message another worker received (its pictures stayed there)."""
