@@ -35,6 +35,7 @@ def test_each_shared_field_is_defined_once() -> None:
             defined.setdefault(name, []).append(kind.__name__)
     assert {name: kinds for name, kinds in defined.items() if len(kinds) > 1} == {
         "token_env": ["TelegramSettings", "DiscordSettings"],  # each with its own variable
+        "mode": ["TelegramSettings", "SlackSettings"],  # each its own ways of receiving
     }
 
 
