@@ -13,6 +13,7 @@ import socket
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,9 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from core.cluster import ClusterSettings, cluster_view, conninfo
+from core.schedule import ScheduleSettings, When
+from core.store import Store
+from core.tables import utc_now
 from tests.databases import postgres_url
 from tests.fakes.ollama import ChunkDelay, FakeOllama, Pause, Text
 from tests.fakes.slack import BOT_TOKEN as SLACK_TOKEN
@@ -37,6 +41,8 @@ FAILOVER = 3.0
 RESTARTED = "I was restarted before I could finish answering"
 """The notice of a turn a dead worker left after it may have shown something (not an answer)."""
 DEADLINE = 60.0
+TASK_CHAT = 999
+FIRING_AFTER = 4.0
 
 
 @dataclass
@@ -115,11 +121,40 @@ async def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
         return await cursor.fetchall()
 
 
+async def schedule_a_firing(url: str) -> None:
+    """An hourly task in Telegram chat `TASK_CHAT` whose first slot comes a few seconds after
+    the workers start (about when one is killed): every worker's scheduler has it."""
+    store = await Store.open(url)
+    try:
+        now = utc_now()
+        columns = When(every_minutes=60).columns("UTC", now, ScheduleSettings())
+        await store.create_task(
+            {
+                "platform": "telegram",
+                "place": f"telegram:{TASK_CHAT}",
+                "agent": "assistant",
+                "name": "hourly",
+                "prompt": "say the hour",
+                "timezone": "UTC",
+                "misfire": "once",
+                "enabled": True,
+                "consecutive_failures": 0,
+                "created_by": "",
+                "created_at": now,
+                **columns,
+                "next_run": now + timedelta(seconds=FIRING_AFTER),
+            }
+        )
+    finally:
+        await store.close()
+
+
 @pytest.fixture
 async def cluster(
     database: str, tmp_path: Path, ollama: FakeOllama
 ) -> AsyncIterator[tuple[Cluster, FakeTelegram, FakeSlack]]:
     async with FakeTelegram() as telegram, FakeSlack() as slack:
+        await schedule_a_firing(database)
         name = f"w{uuid.uuid4().hex[:8]}"
         env = {
             "KAIWA_DATABASE_URL": database,
@@ -253,6 +288,14 @@ async def test_three_workers_answer_every_message_once_in_order_through_a_kill(
         "AND a.id < b.id AND a.inbound_event_id > b.inbound_event_id AND b.attempt = 1",
     )
     assert out_of_order == []
+
+    async def fired() -> bool:
+        found = await rows(running.url, "SELECT outcome FROM task_runs")
+        return bool(found) and found[0][0] != "running"
+
+    await wait_for(fired, "the scheduled firing")
+    assert len(await rows(running.url, "SELECT id FROM task_runs")) == 1, "one slot, one run"
+    assert len(telegram.sent(TASK_CHAT)) == 1, "its answer, or that it was cut, once"
     cut = await rows(
         running.url,
         "SELECT count(*) FROM turns WHERE status = 'interrupted' OR attempt = 2 "
