@@ -41,10 +41,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-from core.channel import Channel, ChannelMessage
+from core.channel import Channel, ChannelMessage, platform_of
 from core.cluster import Coordinator
 from core.errors import StoreError
-from core.recovery import Leftovers, Recovery
+from core.recovery import CUT_FIRING, Leftovers, Recovery
 from core.store import Store
 from core.tables import InboundEvent
 from core.turns import TurnRequest, TurnRunner
@@ -243,10 +243,12 @@ class Owners:
                 reports=[r for r in await self._store.undelivered_reports() if r[0] == place],
                 undelivered=await self._store.undelivered_turns(place),
             )
-            await self._store.close_unfinished_task_runs(place)
+            firings = await self._store.close_unfinished_task_runs(place)
             if left:
                 await Recovery(self._store, self._runner, self._channels).resolve(left)
                 logger.info("%s: what a dead worker left there is resolved", place)
+            if firings and not any(t.turn.provenance == "schedule" for t in left.turns):
+                await self._channels[platform_of(place)].notify(place, CUT_FIRING)  # no turn yet
             if self.recovered is not None:
                 await self.recovered(place)
         except StoreError as exc:

@@ -377,9 +377,10 @@ class Store:
         )
 
     def places_waiting(self) -> Awaitable[list[str]]:
-        """The places with work left in the store, sorted: a message no turn has taken up, or
-        a turn still `running` or not yet shown to have ended (its worker may have died). These
-        are the places to recover, one at a time, by whoever owns each."""
+        """The places with work left in the store, sorted: a message no turn has taken up, a
+        turn still `running` or not yet shown to have ended, or a scheduled run under way (its
+        worker may have died). These are the places to recover, one at a time, by whoever owns
+        each."""
         inbox = InboundEvent.__table__  # type: ignore[attr-defined]
         turns = Turn.__table__  # type: ignore[attr-defined]
         conversations = Conversation.__table__  # type: ignore[attr-defined]
@@ -394,7 +395,14 @@ class Store:
                 )
             )
         )
-        statement = union(queued, running)  # UNION drops duplicates
+        task_runs = TaskRun.__table__  # type: ignore[attr-defined]
+        tasks = ScheduledTask.__table__  # type: ignore[attr-defined]
+        firing = (
+            select(tasks.c.place)
+            .join(task_runs, task_runs.c.task_id == tasks.c.id)
+            .where(task_runs.c.outcome == "running")
+        )
+        statement = union(queued, running, firing)  # UNION drops duplicates
 
         def run(connection: Connection) -> list[str]:
             return sorted(connection.execute(statement).scalars())

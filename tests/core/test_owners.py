@@ -19,6 +19,7 @@ import pytest
 from core.channel import Outcome
 from core.cluster import ClusterSettings, Coordinator
 from core.owners import preferred
+from core.recovery import CUT_FIRING
 from core.schedule import ScheduleSettings, When
 from core.store import Inbound, Store, TurnStart
 from core.tools import ToolContext
@@ -256,3 +257,26 @@ async def test_a_task_made_on_one_worker_fires_once_on_its_owner_after_its_maker
     await pair.b.runner.wait_idle(place)
     assert [r.text for r in pair.b.channel.replies][-1] == "hello from the task"
     assert len(await pair.b.store.task_runs(task.id or 0, 5)) == 2
+
+
+async def test_a_firing_its_dead_worker_claimed_but_never_started_is_said_in_its_place(
+    pair: Pair,
+) -> None:
+    """A worker killed between claiming a slot and starting its turn left only a run
+    `running`: the sweep finds the place, the run ends interrupted, and the place is told."""
+    place = place_of("a")
+    assert pair.a.scheduler is not None and pair.a.owners is not None
+    CLOCK.now = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    ann = ToolContext("test", place, "ann", "person")
+    task = await pair.b.scheduler.create(  # type: ignore[union-attr]
+        ann, "assistant", "say hello", When(every_minutes=60)
+    )
+    run = {"late": False, "missed_slots": 0, "outcome": "running", "started_at": CLOCK.now}
+    assert await pair.a.store.claim_slot(task.id or 0, CLOCK.now, run) is not None
+
+    await pair.a.owners.sweep()
+
+    await pair.a.channel.wait_until(lambda: pair.a.channel.notices_in(place), "the notice")
+    assert pair.a.channel.notices_in(place) == [CUT_FIRING]
+    (ended,) = await pair.a.store.task_runs(task.id or 0, 5)
+    assert ended.outcome == "interrupted"
