@@ -150,31 +150,27 @@ class Approvals:
         has nobody to ask: it must not call this."""
         context = calling()
         assert context is not None and context.attended, "nobody is here to review"
-        key = "{key}"
         buttons = [
-            Button("Approve", f"/approve {key}"),
-            Button("Edit", f"/edit {key}"),
-            Button("Reject", f"/deny {key}"),
+            Button("Approve", "/approve {key}"),
+            Button("Edit", "/edit {key}"),
+            Button("Reject", "/deny {key}"),
         ]
-        hint = f"/approve {key}, /edit {key} followed by what to change, or /deny {key}"
+        hint = "/approve {key}, /edit {key} followed by what to change, or /deny {key}"
         question = await self._ask(
-            context, "review", what, f"{asking} ({hint})", buttons, REVIEW_DECISIONS, True
+            context, "review", what, asking, hint, buttons, REVIEW_DECISIONS, True
         )
         return await self._answer_of(question, wait_seconds)
 
     async def _allowed(self, context: ToolContext, tool: str, call: str, asking: str) -> None:
         if (context.place, tool) in self._granted:
             return
-        key = "{key}"
         buttons = [
-            Button("Allow once", f"/approve {key}"),
-            Button("Allow here", f"/approve {key} here"),
-            Button("Deny", f"/deny {key}"),
+            Button("Allow once", "/approve {key}"),
+            Button("Allow here", "/approve {key} here"),
+            Button("Deny", "/deny {key}"),
         ]
-        hint = f"/approve {key}, /approve {key} here for this conversation, or /deny {key}"
-        question = await self._ask(
-            context, tool, call, f"{asking} ({hint})", buttons, DECISIONS, False
-        )
+        hint = "/approve {key}, /approve {key} here for this conversation, or /deny {key}"
+        question = await self._ask(context, tool, call, asking, hint, buttons, DECISIONS, False)
         answer = await self._answer_of(question, self.settings.timeout_seconds)
         if answer.decision == "allowed_here":
             self._granted.add((context.place, tool))
@@ -208,12 +204,14 @@ class Approvals:
         tool: str,
         call: str,
         asking: str,
+        hint: str,
         buttons: list[Button],
         words: Mapping[str, str],
         personal: bool,
     ) -> _Question:
-        """Store the question, then post it; `{key}` in `asking` and the buttons' commands
-        becomes its number."""
+        """Store the question, then post it: `asking`, then `hint` in brackets; `{key}` in the
+        hint and the buttons' commands becomes its number (never in `asking`, which quotes the
+        model's arguments)."""
         turn_id = await context.turn() if context.turn is not None else None
         approval = await self._store.add_approval(
             {
@@ -232,7 +230,7 @@ class Approvals:
         question = _Question(approval, words, personal)
         self._questions[key] = question
         shown = [Button(b.label, b.command.format(key=key)) for b in buttons]
-        text = asking.format(key=key)
+        text = f"{asking} ({hint.format(key=key)})"
         posted = await self._channels[context.platform].notify(context.place, text, shown)
         if posted:
             question.approval = approval.model_copy(update={"message_id": posted[-1]})

@@ -246,3 +246,19 @@ def test_a_whole_mcp_server_can_be_asked_about(store: Store) -> None:
     approvals = Approvals(store, {}, ApprovalSettings(ask=["files", "fetch_url"]))
     assert approvals.asks("files.write_file") and approvals.asks("fetch_url")
     assert not approvals.asks("filesystem.read") and not approvals.asks("echo")
+
+
+async def test_a_call_with_braces_in_its_arguments_is_asked_about(make_bot: BotFactory) -> None:
+    """Regression: the question's number was filled in with str.format over the whole text, so
+    an argument holding braces ("{x}") broke the question and the tool call with it."""
+    bot = make_bot(approvals=ASK_ECHO)
+    bot.ollama.script(ToolCall("echo", {"word": "{x}"}))
+    bot.ollama.script(Text("Done."))
+    await bot.send("say {x}", author="ann")
+    question = (
+        "May I run echo({x})? (/approve 1, /approve 1 here for this conversation, or /deny 1)"
+    )
+    await bot.channel.wait_until(lambda: question in bot.channel.notices_in(PLACE), "question")
+    await bot.send("/approve 1", author="ann")
+    await bot.channel.finished()
+    assert results(bot) == ["echo {x}"]
