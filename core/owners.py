@@ -44,9 +44,8 @@ from typing import Any
 from core.channel import Channel, ChannelMessage, platform_of
 from core.cluster import Coordinator
 from core.errors import StoreError
-from core.recovery import CUT_FIRING, Leftovers, Recovery
+from core.recovery import CUT_FIRING, Leftovers, Recovery, turn_of
 from core.store import Store
-from core.tables import InboundEvent
 from core.turns import TurnRequest, TurnRunner
 
 logger = logging.getLogger(__name__)
@@ -163,7 +162,7 @@ class Owners:
                 kept = self._received.pop(row.id, None)
                 if not await self._store.take_over(row.id, row.claim or ""):
                     continue
-                self._runner.submit(kept or _request_of(row))
+                self._runner.submit(kept or turn_of(row))
 
     # -- commands and firings --------------------------------------------------------------------
 
@@ -239,8 +238,8 @@ class Owners:
         try:
             left = Leftovers(
                 turns=await self._store.unfinished_turns(place),
-                runs=[run for run in await self._store.live_runs() if run[0] == place],
-                reports=[r for r in await self._store.undelivered_reports() if r[0] == place],
+                runs=await self._store.live_runs(place),
+                reports=await self._store.undelivered_reports(place),
                 undelivered=await self._store.undelivered_turns(place),
             )
             firings = await self._store.close_unfinished_task_runs(place)
@@ -293,16 +292,3 @@ class Owners:
                 logger.info(
                     "worker %s let go of %s (quiet for %.0f s)", self.worker, place, now - active
                 )
-
-
-def _request_of(row: InboundEvent) -> TurnRequest:
-    """The turn of a message another worker received (its pictures stayed there)."""
-    return TurnRequest(
-        platform=row.platform,
-        place=row.place,
-        text=row.text or "",
-        author=row.author,
-        person=row.author_id,
-        reply_to=row.platform_message_id,
-        inbound_event_id=row.id,
-    )

@@ -176,16 +176,7 @@ class Recovery:
         assert message.id is not None
         if not await self._store.take_over(message.id, message.claim or ""):
             return  # a redelivery of it came first and is being answered
-        self._runner.submit(
-            TurnRequest(
-                platform=message.platform,
-                place=message.place,
-                text=message.text or "",
-                author=message.author,
-                reply_to=message.platform_message_id,
-                inbound_event_id=message.id,
-            )
-        )
+        self._runner.submit(turn_of(message))
         logger.info("a message recorded before the restart is answered now (%s)", message.place)
 
     async def _guarded(self, step: Awaitable[None], what: str) -> None:
@@ -193,6 +184,20 @@ class Recovery:
             await step
         except Exception:
             logger.exception("recovering after a restart: %s failed", what)
+
+
+def turn_of(message: InboundEvent) -> TurnRequest:
+    """The turn that answers a recorded message (after a restart, or on the worker that owns
+    its conversation); what the inbox does not keep (its pictures) stays behind."""
+    return TurnRequest(
+        platform=message.platform,
+        place=message.place,
+        text=message.text or "",
+        author=message.author,
+        person=message.author_id,
+        reply_to=message.platform_message_id,
+        inbound_event_id=message.id,
+    )
 
 
 def _resend(unfinished: Unfinished) -> str:

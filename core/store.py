@@ -784,13 +784,16 @@ class Store:
 
         return self._call(run, durable=True)
 
-    def live_runs(self) -> Awaitable[list[tuple[str, SubagentRun]]]:
-        """Runs still `running` (read at start-up: a dead process's), each with its place."""
-        return self._runs_with_places(_live_runs_statement())
+    def live_runs(self, place: str | None = None) -> Awaitable[list[tuple[str, SubagentRun]]]:
+        """Runs still `running` (read at start-up, or when a worker takes `place` over: a dead
+        process's), each with its place."""
+        return self._runs_with_places(_live_runs_statement(), place)
 
-    def undelivered_reports(self) -> Awaitable[list[tuple[str, SubagentRun]]]:
+    def undelivered_reports(
+        self, place: str | None = None
+    ) -> Awaitable[list[tuple[str, SubagentRun]]]:
         """Finished runs whose reports never reached their conversation, with its place."""
-        return self._runs_with_places(_undelivered_statement())
+        return self._runs_with_places(_undelivered_statement(), place)
 
     def mark_runs_lost(self, run_ids: Sequence[int]) -> Awaitable[None]:
         values = {"status": "lost", "delivery": "discarded", "ended_at": utc_now()}
@@ -801,7 +804,13 @@ class Store:
 
         return self._call(run)
 
-    def _runs_with_places(self, statement: Executable) -> Awaitable[list[tuple[str, SubagentRun]]]:
+    def _runs_with_places(
+        self, statement: Any, place: str | None
+    ) -> Awaitable[list[tuple[str, SubagentRun]]]:
+        if place is not None:
+            runs = SubagentRun.__table__  # type: ignore[attr-defined]
+            statement = statement.where(runs.c.conversation_id.in_(_conversations_in(place)))
+
         def run(connection: Connection) -> list[tuple[str, SubagentRun]]:
             found = []
             for row in _rows(connection, SubagentRun, statement):
