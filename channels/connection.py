@@ -10,7 +10,13 @@ channel's `run` fails in a way the channel could not describe.
 """
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import TypeVar
+
+from aiohttp import web
+
+from core.errors import ChannelError
 
 E = TypeVar("E", bound=Exception)
 
@@ -33,6 +39,37 @@ class ConnectionState:
         """Record why the channel cannot connect; returns `error`, for the caller to raise."""
         self.lost(str(error))
         return error
+
+    @asynccontextmanager
+    async def receiving_posts(
+        self,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+        address: tuple[str, int, str],
+        what: str,
+        setting: str,
+    ) -> AsyncIterator[None]:
+        """`handler` answers POSTs to (host, port, path) for the block, with the channel
+        connected meanwhile (a platform posting its events: Slack's HTTP mode, Telegram's
+        webhook). A port that cannot be had is a `ChannelError` naming `setting`."""
+        host, port, path = address
+        server = web.Application()
+        server.router.add_post(path, handler)
+        runner = web.AppRunner(server, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            problem = (
+                f"cannot listen for {what} on {host}:{port} ({exc}): set {setting} to a free port"
+            )
+            raise self.cannot_connect(ChannelError(problem)) from exc
+        self.now_connected()
+        try:
+            yield
+        finally:
+            await runner.cleanup()
+            self.connected.clear()
 
 
 def unreachable(service: str, url: str, setting: str, error: BaseException) -> str:

@@ -421,31 +421,14 @@ class SlackChannel(ConnectionState):
             raise client.failure
 
     async def _serve_http(self) -> None:
-        server = web.Application()
-        server.router.add_post(self._settings.http_path, self._on_http_request)
-        runner = web.AppRunner(server, access_log=None)
-        await runner.setup()
         settings = self._settings
-        try:
-            await web.TCPSite(runner, settings.http_host, settings.http_port).start()
-        except OSError as exc:
-            await runner.cleanup()
-            problem = (
-                f"cannot listen for Slack events on {settings.http_host}:{settings.http_port} "
-                f"({exc}): set [channels.slack].http_port to a free port"
-            )
-            raise self.cannot_connect(ChannelError(problem)) from exc
-        self.now_connected()
-        logger.info(
-            "Slack: receiving events on http://%s:%d%s",
-            settings.http_host,
-            settings.http_port,
-            settings.http_path,
+        address = (settings.http_host, settings.http_port, settings.http_path)
+        receiving = self.receiving_posts(
+            self._on_http_request, address, "Slack events", "[channels.slack].http_port"
         )
-        try:
+        async with receiving:
+            logger.info("Slack: receiving events on http://%s:%d%s", *address)
             await self._stopping.wait()
-        finally:
-            await runner.cleanup()
 
     async def _on_http_request(self, request: web.Request) -> web.Response:
         """A signed event or command from Slack; a body that cannot be read gets 400, since

@@ -298,27 +298,12 @@ class TelegramChannel(ConnectionState):
             raise self.cannot_connect(ChannelError(_token_problem(settings))) from exc
         except TelegramError as exc:
             raise self.cannot_connect(PlatformError(self._unreachable(exc))) from exc
-        server = web.Application()
-        server.router.add_post(settings.webhook_path, functools.partial(self._posted, secret))
-        runner = web.AppRunner(server, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, settings.webhook_host, settings.webhook_port).start()
-        except OSError as exc:
-            await runner.cleanup()
-            problem = (
-                f"cannot listen for Telegram updates on {settings.webhook_host}:"
-                f"{settings.webhook_port} ({exc}): set [channels.telegram].webhook_port to a "
-                "free port"
-            )
-            raise self.cannot_connect(ChannelError(problem)) from exc
-        self.now_connected()
-        logger.info("Telegram: receiving updates at %s", settings.webhook_url)
-        try:
+        address = (settings.webhook_host, settings.webhook_port, settings.webhook_path)
+        posted = functools.partial(self._posted, secret)
+        setting = "[channels.telegram].webhook_port"
+        async with self.receiving_posts(posted, address, "Telegram updates", setting):
+            logger.info("Telegram: receiving updates at %s", settings.webhook_url)
             await self._stopping.wait()
-        finally:
-            await runner.cleanup()
-            self.connected.clear()
 
     async def _posted(self, secret: str, request: web.Request) -> web.Response:
         """One update Telegram posted: 200 once recorded, 500 when it could not be (Telegram
