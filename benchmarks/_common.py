@@ -341,10 +341,10 @@ async def build_kaiwa(
     `database_url`, by default a SQLite file in `data_dir`, with the default `StoreSettings`
     (as `[storage]` has them); `context_window` 0 chooses the window as `[context]` does;
     `agents`, profiles the assistant may delegate to. Close it with `Kaiwa.close`."""
-    from core.dispatcher import AccessRules, Allowed, Dispatcher
-    from core.model import ModelClient, ModelSettings
+    from core.agent.model import ModelClient, ModelSettings
+    from core.dispatch.dispatcher import AccessRules, Allowed, Dispatcher
     from core.store import Store, StoreSettings
-    from core.turns import AgentProfile, TurnRunner, TurnSettings
+    from core.turns.runner import AgentProfile, TurnRunner, TurnSettings
 
     if database_url is None:
         if data_dir is None:

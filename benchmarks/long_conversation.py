@@ -2,7 +2,7 @@
 
 History building and storing must not grow with a conversation's age. One conversation runs
 `--turns` turns in a row (each a ~300-character message, answered by the fake Ollama's stream);
-every turn is timed from message in to reply stored. Compaction (`core.context`) keeps what is
+every turn is timed from message in to reply stored. Compaction (`core.agent.context`) keeps what is
 sent inside the window, so a late turn sends about as much as an early one; the turns that
 compact also wait for a summary call, and are shown apart.
 

@@ -121,7 +121,7 @@ class Recording:
 
 
 def context(place: str) -> Any:
-    from core.tools import ToolContext
+    from core.agent.tools import ToolContext
 
     return ToolContext(bench.PLATFORM, place, "bench-user", "person")
 
@@ -131,7 +131,7 @@ def context(place: str) -> Any:
 
 def mixed_when(n: int, now: datetime) -> Any:
     """Task `n`'s schedule: cron, interval or one-shot in turn, in one of seven zones."""
-    from core.schedule import When
+    from core.features.schedule.scheduler import When
 
     zone = ZONES[n % len(ZONES)]
     if n % 3 == 0:
@@ -144,8 +144,8 @@ def mixed_when(n: int, now: datetime) -> Any:
 
 async def populate(kaiwa: bench.Kaiwa, count: int) -> datetime:
     """`count` tasks stored as `Scheduler.create` stores them; returns when they were made."""
-    from core.schedule import Scheduler, ScheduleSettings
-    from core.tables import utc_now
+    from core.features.schedule.scheduler import Scheduler, ScheduleSettings
+    from core.store.tables import utc_now
 
     now = utc_now()
     maker = Scheduler(
@@ -190,7 +190,7 @@ class Load:
 async def timed_start(load: Load, kaiwa: bench.Kaiwa, database_url: str, now: datetime) -> None:
     """On a freshly opened store: how long `start()` takes, how long until its catch-up firings
     have settled, the event loop's longest stall meanwhile, and the jobs it made."""
-    from core.schedule import Scheduler, ScheduleSettings
+    from core.features.schedule.scheduler import Scheduler, ScheduleSettings
     from core.store import Store, StoreSettings
 
     store = await Store.open(database_url, StoreSettings())
@@ -284,7 +284,7 @@ async def exactly_once(kaiwa: bench.Kaiwa, tasks: Sequence[Any], slots: int) -> 
 
 async def same_slot_tasks(scheduler: Any, count: int) -> list[Any]:
     """`count` daily tasks, each in a place of its own, all due at 08:00 UTC."""
-    from core.schedule import When
+    from core.features.schedule.scheduler import When
 
     tasks = []
     for n in range(count):
@@ -327,7 +327,7 @@ async def timed_rounds(
 async def measure_firing(
     url: str, database_url: str, data_dir: Path, count: int, rounds: int
 ) -> Firing:
-    from core.schedule import Scheduler, ScheduleSettings
+    from core.features.schedule.scheduler import Scheduler, ScheduleSettings
 
     firing, clock, channel = Firing(), Clock(CREATED), TimedChannel()
     kaiwa = await bench.build_kaiwa(

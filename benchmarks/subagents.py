@@ -42,8 +42,8 @@ def new_place() -> str:
 
 async def launch_five(kaiwa: bench.Kaiwa, place: str) -> float:
     """Seconds from `delegate` in `place` to the end of the last of its five runs."""
+    from core.features.subagents.delegation import Claims
     from core.store import TurnStart
-    from core.subagents import Claims
 
     started = await kaiwa.store.start_turn(
         TurnStart(place, "assistant", bench.SYSTEM_PROMPT, "person", "go")
@@ -99,7 +99,7 @@ async def bare_first_chunk(client: object) -> float:
 
 
 async def measure(url: str, rounds: int, warmup: int) -> dict[str, list[float]]:
-    from core.turns import AgentProfile
+    from core.turns.runner import AgentProfile
 
     worker = AgentProfile(name="worker", model=bench.MODEL, system_prompt="You work.", tools={})
     names = ("kaiwa", "bare", "busy", "idle", "bare busy", "bare idle")

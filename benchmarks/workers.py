@@ -18,7 +18,7 @@ SIGKILL, and right after it a message goes to a chat that worker owned. "Connect
 reply to that message visible (a new owner took the chat, after a new poller fetched the
 message). The killed worker is started again before the next kill. `[cluster].failover_seconds`
 is `--failover`; target: connection back within it (max), first reply within it plus the
-claim grace (`core.owners.CLAIM_GRACE_SECONDS`).
+claim grace (`core.cluster.owners.CLAIM_GRACE_SECONDS`).
 
 Run from the repository root:
     .venv/bin/python benchmarks/workers.py [--chats 30] [--messages 5] [--kills 10]
@@ -44,8 +44,8 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from benchmarks._common import median, percentile, print_table, verdict
-from core.cluster import ClusterSettings, cluster_view, conninfo
-from core.owners import CLAIM_GRACE_SECONDS
+from core.cluster.leases import ClusterSettings, cluster_view, conninfo
+from core.cluster.owners import CLAIM_GRACE_SECONDS
 from tests.fakes.ollama import ChunkDelay, FakeOllama, Text
 from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
 

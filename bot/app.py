@@ -28,24 +28,24 @@ from bot.supervision import Leased, Supervised
 from channels.places import space_of
 from channels.settings import DiscordSettings, SlackSettings
 from channels.terminal import TerminalChannel, stdin_lines
-from core.approvals import Approvals
-from core.archive import archive_tools
+from core.agent.model import ModelClient
+from core.agent.tools import ToolRegistry, builtin_tools
 from core.channel import Channel, Deliver
-from core.cluster import Coordinator, cluster_view, worker_name
-from core.dispatcher import AccessRules, Allowed, Dispatcher
+from core.cluster.leases import Coordinator, cluster_view, worker_name
+from core.cluster.owners import Owners
+from core.dispatch.dispatcher import AccessRules, Allowed, Dispatcher
+from core.dispatch.recovery import Leftovers, Recovery, leftovers
 from core.errors import ConfigError, ModelError, StoreError
-from core.fetch import fetch_tool
-from core.mcp_servers import McpServers
-from core.memory import MEMORY_TOOLS, Memory, memory_tools
-from core.model import ModelClient
-from core.owners import Owners
-from core.recovery import Leftovers, Recovery, leftovers
-from core.schedule import TASK_TOOLS, Scheduler, describe_tasks, task_tools
+from core.features.approvals.questions import Approvals
+from core.features.archive import archive_tools
+from core.features.fetch import fetch_tool
+from core.features.mcp import McpServers
+from core.features.memory import MEMORY_TOOLS, Memory, memory_tools
+from core.features.schedule.scheduler import TASK_TOOLS, Scheduler, describe_tasks, task_tools
 from core.store import Store
-from core.tables import utc_now
+from core.store.tables import utc_now
 from core.text import plural
-from core.tools import ToolRegistry, builtin_tools
-from core.turns import AgentProfile, TurnRunner, TurnSettings
+from core.turns.runner import AgentProfile, TurnRunner, TurnSettings
 from workflows.plan import PlanWorkflow
 
 logger = logging.getLogger(__name__)

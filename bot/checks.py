@@ -5,8 +5,8 @@ from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from bot.config import Config
+from core.agent.model import ModelClient, model_is_available
 from core.errors import ModelError
-from core.model import ModelClient, model_is_available
 
 
 class Checkable(Protocol):

@@ -74,7 +74,7 @@ def _leave_abandoned_tools(code: int) -> None:
     asyncio.run would wait for it for ever. Leave without it."""
     import logging
 
-    from core.tools import abandoned_tools
+    from core.agent.tools import abandoned_tools
 
     left = abandoned_tools()
     if left:

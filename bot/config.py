@@ -1,7 +1,7 @@
 """Configuration: a TOML file checked strictly against typed dataclasses.
 
-The dataclasses below (with `core.model.ModelSettings` for [ollama] and `channels.settings` for
-[channels.*]) are the embedded defaults; `config.toml` at the top of the repository spells out
+The dataclasses below (with `core.agent.model.ModelSettings` for [ollama] and `channels.settings`
+for [channels.*]) are the embedded defaults; `config.toml` at the top of the repository spells out
 the same defaults with a comment on every key (a test keeps the two equal). Every key is checked
 at start-up: an unknown key or a value of the wrong type fails naming the key and the expected
 type, before anything starts. Secrets never live in the file: a `*_env` key names the
@@ -42,17 +42,17 @@ from channels.settings import (
     TelegramSettings,
     TerminalSettings,
 )
-from core.approvals import ApprovalSettings
-from core.cluster import ClusterSettings
-from core.context import ContextPolicy
+from core.agent.context import ContextPolicy
+from core.agent.model import ModelSettings
+from core.cluster.leases import ClusterSettings
 from core.errors import ConfigError
-from core.fetch import FetchSettings
-from core.mcp_servers import McpServerSettings
-from core.memory import SCOPES, MemorySettings
-from core.model import ModelSettings
-from core.schedule import ScheduleSettings
+from core.features.approvals.questions import ApprovalSettings
+from core.features.fetch import FetchSettings
+from core.features.mcp import McpServerSettings
+from core.features.memory import SCOPES, MemorySettings
+from core.features.schedule.scheduler import ScheduleSettings
+from core.features.subagents.delegation import SubagentSettings
 from core.store import StoreSettings
-from core.subagents import SubagentSettings
 from workflows.plan import PlanSettings
 
 logger = logging.getLogger(__name__)

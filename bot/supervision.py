@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 
 from core.channel import Channel, Deliver
-from core.cluster import Coordinator
+from core.cluster.leases import Coordinator
 from core.errors import ChannelError
 
 logger = logging.getLogger(__name__)

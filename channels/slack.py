@@ -93,8 +93,7 @@ from channels.rendering import (
 )
 from channels.settings import SlackSettings
 from channels.throttled_log import ThrottledLog
-from core.channel import Button, ChannelMessage, ChannelTraits, Deliver, Reply
-from core.commands import COMMANDS
+from core.channel import COMMANDS, Button, ChannelMessage, ChannelTraits, Deliver, Reply
 from core.errors import ChannelError, StoreError
 
 logger = logging.getLogger(__name__)

@@ -86,8 +86,7 @@ from channels.rendering import (
 )
 from channels.settings import TelegramSettings
 from channels.throttled_log import ThrottledLog
-from core.channel import Button, ChannelMessage, ChannelTraits, Deliver, Reply
-from core.commands import COMMANDS
+from core.channel import COMMANDS, Button, ChannelMessage, ChannelTraits, Deliver, Reply
 from core.errors import ChannelError, StoreError
 
 # python-telegram-bot 22 reports time periods (RetryAfter.retry_after, ...) as ints with a

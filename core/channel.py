@@ -15,6 +15,23 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+COMMANDS: tuple[tuple[str, str], ...] = (
+    ("stop", "stop the reply being written and drop queued messages"),
+    ("new", "start a fresh conversation here"),
+    ("usage", "model calls, tokens, seconds and context of this conversation"),
+    ("compact", "summarize this conversation's older messages now, to free its context"),
+    ("agents", "sub-agents here; /agents <name>, /agents stop <name>, /agents tell <name> <text>"),
+    ("tasks", "scheduled tasks here; /tasks pause|resume|cancel|run <id>"),
+    ("memory", "the notes kept for you; /memory forget <id>"),
+    ("plan", "plan a task, have the plan reviewed, then carry it out: /plan <task>"),
+    ("plans", "the plans of this conversation and where each stands"),
+    ("approve", "say yes to a question: /approve <id> (a tool call: /approve <id> here too)"),
+    ("edit", "ask for changes to a plan you are asked to approve: /edit <id> <what to change>"),
+    ("deny", "say no to a question: /deny <id>"),
+    ("help", "list the commands"),
+)
+"""Every command and its one-line summary, for /help and for platforms' command menus."""
+
 
 def platform_of(place: str) -> str:
     """The platform a place (a conversation key) belongs to: `slack` for `slack:T1:C1:top`."""

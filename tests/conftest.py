@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from core.model import ModelClient, ModelSettings
+from core.agent.model import ModelClient, ModelSettings
 from core.store import Store
 from tests.databases import closing, database_url, outage  # noqa: F401  (fixtures everywhere)
 from tests.fakes.ollama import FakeOllama

@@ -147,7 +147,7 @@ def postgres_outage(base: str, log: LogWatch) -> Iterator[Outage]:
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 async def outage(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Outage]:
-    with LogWatch("core.dbthread", "core.dispatcher") as log:
+    with LogWatch("core.store.dbthread", "core.dispatch.dispatcher") as log:
         if request.param == "sqlite":
             with sqlite_outage(tmp_path / "outage.db", log) as made:
                 yield made

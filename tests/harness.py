@@ -11,19 +11,19 @@ from typing import Any
 
 import pytest
 
-from core.approvals import Approvals, ApprovalSettings
+from core.agent.model import ModelClient
+from core.agent.tools import Tool, builtin_tools, tool
 from core.channel import Channel, ChannelMessage
-from core.cluster import Coordinator
-from core.dispatcher import AccessRules, Allowed, Dispatcher
-from core.memory import Memory, MemorySettings, memory_tools
-from core.model import ModelClient
-from core.owners import Owners
-from core.schedule import Scheduler, ScheduleSettings, task_tools
+from core.cluster.leases import Coordinator
+from core.cluster.owners import Owners
+from core.dispatch.dispatcher import AccessRules, Allowed, Dispatcher
+from core.features.approvals.questions import Approvals, ApprovalSettings
+from core.features.memory import Memory, MemorySettings, memory_tools
+from core.features.schedule.scheduler import Scheduler, ScheduleSettings, task_tools
+from core.features.subagents.delegation import SubagentSettings
 from core.store import Store
-from core.subagents import SubagentSettings
-from core.tables import Message, Turn, utc_now
-from core.tools import Tool, builtin_tools, tool
-from core.turns import AgentProfile, TurnRunner, TurnSettings
+from core.store.tables import Message, Turn, utc_now
+from core.turns.runner import AgentProfile, TurnRunner, TurnSettings
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import FakeOllama
 from workflows.plan import PlanSettings, PlanWorkflow

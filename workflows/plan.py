@@ -8,8 +8,9 @@ critic runs aside (`BodyTurn.aside`): it reads the task and the plan and nothing
 conversation, no archive), with a few read-only tools and a fixed cap of `CRITIC_CALLS` model
 calls, so it judges the plan rather than agreeing with the talk that led to it. A rejection goes
 back to the drafter with the reasons, at most `review_rounds` times. `ask_person` then waits for
-the asker's Approve / Edit / Reject (`core.approvals`, so buttons, typed answers, timeouts, `/stop`
-and restarts behave as a tool's approval does); an unattended run (a scheduled `/plan`) skips it.
+the asker's Approve / Edit / Reject (`core.features.approvals.questions`, so buttons, typed answers,
+timeouts, `/stop` and restarts behave as a tool's approval does); an unattended run (a scheduled
+`/plan`) skips it.
 
 Each step is an instruction to the agent (stored with the turn, so the conversation reads the
 same afterwards) and a run of the ordinary agent loop with the turn's tools; the agent may end a
@@ -29,14 +30,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.approvals import Answer, Approvals
+from core.agent.tools import Tool, tool
 from core.channel import Channel, platform_of
 from core.errors import KaiwaError
+from core.features.approvals.questions import Answer, Approvals
 from core.store import Store
-from core.tables import Plan, utc_now
+from core.store.tables import Plan, utc_now
 from core.text import parse_command, plural
-from core.tools import Tool, tool
-from core.turns import BodyEnding, BodyTurn, Provenance, ending_of, through_cancellation
+from core.turns.runner import BodyEnding, BodyTurn, Provenance, ending_of, through_cancellation
 
 logger = logging.getLogger(__name__)
 

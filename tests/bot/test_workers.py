@@ -21,10 +21,10 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from core.cluster import ClusterSettings, cluster_view, conninfo
-from core.schedule import ScheduleSettings, When
+from core.cluster.leases import ClusterSettings, cluster_view, conninfo
+from core.features.schedule.scheduler import ScheduleSettings, When
 from core.store import Store
-from core.tables import utc_now
+from core.store.tables import utc_now
 from tests.databases import postgres_url
 from tests.fakes.ollama import ChunkDelay, FakeOllama, Pause, Text
 from tests.fakes.slack import BOT_TOKEN as SLACK_TOKEN

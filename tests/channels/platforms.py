@@ -23,10 +23,10 @@ from channels.settings import DiscordSettings, SlackSettings, TelegramSettings
 from channels.slack import SlackChannel, SlackTokens
 from channels.telegram import TelegramChannel
 from core.channel import Channel, Reply
-from core.dispatcher import Allowed
+from core.dispatch.dispatcher import Allowed
+from core.features.subagents.delegation import SubagentSettings
 from core.store import Store
-from core.subagents import SubagentSettings
-from core.turns import AgentProfile
+from core.turns.runner import AgentProfile
 from tests.fakes.discord import BOT_TOKEN as DISCORD_BOT_TOKEN
 from tests.fakes.discord import USER_ID as DISCORD_USER_ID
 from tests.fakes.discord import Call as DiscordCall

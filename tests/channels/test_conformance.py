@@ -10,10 +10,10 @@ from itertools import pairwise
 import pytest
 
 from channels.presses import payload
-from core.approvals import ApprovalSettings
+from core.agent.tools import ToolContext
 from core.channel import Button, Delivery, Frame, Outcome, Reply
-from core.schedule import ScheduleSettings, When
-from core.tools import ToolContext
+from core.features.approvals.questions import ApprovalSettings
+from core.features.schedule.scheduler import ScheduleSettings, When
 from tests.channels.platforms import ANN, BOB, MALLORY, POOL_SIZE, WITH_HELPERS, Platform, research
 from tests.fakes.ollama import ChunkDelay, Done, Pause, Text, ToolCall
 from workflows.plan import PlanSettings

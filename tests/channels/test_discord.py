@@ -15,12 +15,11 @@ from channels.discord import DiscordChannel
 from channels.presses import STOP, payload
 from channels.rendering import PlatformError
 from channels.settings import DiscordSettings
-from core.channel import Button, ChannelMessage, Frame
-from core.commands import COMMANDS
-from core.dispatcher import Allowed
+from core.agent.tools import ToolContext
+from core.channel import COMMANDS, Button, ChannelMessage, Frame
+from core.dispatch.dispatcher import Allowed
 from core.errors import ChannelError
-from core.schedule import ScheduleSettings, When
-from core.tools import ToolContext
+from core.features.schedule.scheduler import ScheduleSettings, When
 from tests.channels.platforms import (
     WITH_HELPERS,
     DiscordPlatform,

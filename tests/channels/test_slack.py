@@ -14,10 +14,10 @@ from channels.presses import STOP, payload
 from channels.rendering import PlatformError
 from channels.settings import SlackSettings
 from channels.slack import SlackChannel, SlackTokens
+from core.agent.tools import ToolContext
 from core.errors import ChannelError
-from core.schedule import ScheduleSettings, When
+from core.features.schedule.scheduler import ScheduleSettings, When
 from core.store import Store
-from core.tools import ToolContext
 from tests.channels.platforms import (
     ANN,
     BOB,

@@ -13,8 +13,7 @@ from channels.presses import STOP, payload
 from channels.rendering import PlatformError
 from channels.settings import TelegramSettings
 from channels.telegram import TelegramChannel
-from core.channel import ChannelMessage, Frame, Outcome
-from core.commands import COMMANDS
+from core.channel import COMMANDS, ChannelMessage, Frame, Outcome
 from core.errors import ChannelError
 from core.store import Store
 from tests.channels.platforms import ALLOWED, ANN, BOB, MALLORY, running, telegram_platform

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from channels.terminal import TerminalChannel, TerminalSettings, stdin_lines
-from core.tools import tool
+from core.agent.tools import tool
 from tests.fakes.ollama import FakeOllama, Pause, Text, Thinking, ToolCall
 from tests.harness import BotFactory
 

@@ -10,13 +10,13 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
+from core.agent.tools import ToolContext
 from core.channel import Button, Outcome
-from core.recovery import leftovers
-from core.schedule import ScheduleSettings, When
-from core.tables import Plan
-from core.tools import ToolContext
-from core.turns import Provenance, TurnRequest
-from tests.core.test_schedule import Clock
+from core.dispatch.recovery import leftovers
+from core.features.schedule.scheduler import ScheduleSettings, When
+from core.store.tables import Plan
+from core.turns.runner import Provenance, TurnRequest
+from tests.core.features.test_schedule import Clock
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import ErrorLine, HttpError, Pause, Text, ToolCall
 from tests.harness import PLACE, Bot, BotFactory
@@ -603,7 +603,8 @@ async def test_a_plan_a_restart_cut_short_is_marked_interrupted_and_shown_so(
     bot.ollama.release("working")
 
 
-# -- the turn path's invariants (core/turns.py), with the plan body ------------------------------
+# -- the turn path's invariants (core/turns/runner.py), with the plan body
+# ------------------------------
 
 
 def one_step_plan(bot: Bot, step: list[Any], closing: str = "Closed.") -> None:

@@ -1,0 +1,80 @@
+"""Request slots: at most `limit` model requests at once, the rest waiting in arrival order.
+
+Ollama serves `OLLAMA_NUM_PARALLEL` requests at once and queues the rest where nobody can see
+them, so the queue lives here instead (see `core.agent.model`). Unlike a semaphore, this one tells a
+waiter where it stands: `held(on_wait)` calls `on_wait(ahead)` when the request has to wait and
+again each time it moves up, so a person sees "waiting for the model: 2 requests ahead" instead
+of a silent reply. A waiter that is cancelled leaves the queue and is never granted a slot.
+
+Background requests (sub-agents) queue behind every request a person waits for: a person's
+message in one conversation never waits behind another's sub-agents, however many there are.
+"""
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+
+class RequestSlots:
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._busy = 0
+        self._waiting: deque[tuple[asyncio.Future[None], Callable[[int], None], bool]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def busy(self) -> int:
+        return self._busy
+
+    @asynccontextmanager
+    async def held(
+        self, on_wait: Callable[[int], None], *, background: bool = False
+    ) -> AsyncIterator[None]:
+        """Hold a slot for the block; while waiting for one, `on_wait(requests ahead)`. A
+        `background` request waits behind every other."""
+        if self._busy < self._limit and not self._waiting:
+            self._busy += 1
+        else:
+            await self._wait(on_wait, background)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _wait(self, on_wait: Callable[[int], None], background: bool) -> None:
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (granted, on_wait, background)
+        behind = len(self._waiting)
+        if not background:  # ahead of every background request
+            behind = next((i for i, each in enumerate(self._waiting) if each[2]), behind)
+        self._waiting.insert(behind, entry)
+        self._tell_positions(behind)  # it, and those it went ahead of, hear their place
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self._release()  # granted as it was cancelled: pass the slot on
+            elif entry in self._waiting:
+                self._waiting.remove(entry)
+                self._tell_positions()
+            raise
+
+    def _release(self) -> None:
+        while self._waiting:
+            granted, _, _ = self._waiting.popleft()
+            if not granted.done():
+                granted.set_result(None)  # the slot passes straight to the next waiter
+                self._tell_positions()
+                return
+        self._busy -= 1
+
+    def _tell_positions(self, first: int = 0) -> None:
+        """Tell each waiter from `first` on how many requests it waits behind (those queued
+        before it, and the one it waits for)."""
+        for index in range(first, len(self._waiting)):
+            _, on_wait, _ = self._waiting[index]
+            on_wait(index + 1)

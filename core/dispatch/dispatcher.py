@@ -1,0 +1,262 @@
+"""The dispatcher: the one door every inbound message goes through, in a fixed order.
+
+1. Decide what the message is (refused by the access rules, a command, too large, or a turn), and
+   record it in the inbox with that decision. The inbox's unique index on the platform's message
+   id deduplicates, persisted, so a redelivery after a restart is still a duplicate and never a
+   second reply. A channel acknowledges a message to its platform only once `handle` returns; a
+   message that cannot be recorded is not acknowledged where the platform will deliver it again
+   (`ChannelMessage.redeliverable`), and otherwise the person is told to send it again. The
+   text is cleaned first (`core.text.clean`), so the model and the store see the same text.
+2. A refused person is told so, at most once an hour (so a stranger cannot make the bot spam a
+   channel by mentioning it), and no model is called.
+3. Commands are matched before anything queues: a command is never sent to the model and never
+   waits behind a running turn. It runs before `handle` returns, so a message that arrives after
+   it is handled after it (a `/new` then a question: the question opens the new conversation).
+   A workflow's command with its task (`/plan <task>`) is no command: it is a turn like any
+   message, which the turn runner gives that workflow's body.
+4. Messages with nothing to read (a bare mention, a sticker), images the agent's model cannot
+   read, and oversized messages are answered with the reason, and no model is called.
+5. Anything else starts a turn as a background task, so the channel keeps reading. While Kaiwa
+   shuts down, such a message is recorded but not started; the next start answers it
+   (`core.dispatch.recovery`).
+"""
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from core.channel import Channel, ChannelMessage
+from core.cluster.owners import Owners
+from core.dispatch.commands import Commands
+from core.errors import StoreError
+from core.features.memory import Memory
+from core.features.schedule.scheduler import Scheduler
+from core.store import Inbound, Store
+from core.text import Command, clean, parse_command
+from core.turns.runner import TurnRequest, TurnRunner
+
+logger = logging.getLogger(__name__)
+
+REFUSE_AGAIN_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """One platform's allow-lists, as ids in text. A person may talk to the bot when their id is
+    in `users` or they hold one of `roles` (`users` None: anyone). An empty `spaces` (servers)
+    or `rooms` (channels) list means any; a direct conversation has neither and is governed by
+    the person alone."""
+
+    users: frozenset[str] | None = frozenset()
+    roles: frozenset[str] = frozenset()
+    spaces: frozenset[str] = frozenset()
+    rooms: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class AccessRules:
+    """Who may talk to the bot, and where, per platform; a platform not named is closed."""
+
+    platforms: Mapping[str, Allowed] = field(default_factory=dict)
+
+    def refusal(self, message: ChannelMessage) -> str | None:
+        """Why `message` is refused, in words for the person, or None if it is allowed."""
+        key = f"[channels.{message.platform}]"
+        allowed = self.platforms.get(message.platform, Allowed())
+        if not _person_allowed(allowed, message):
+            roles = f" (or one of your roles to {key}.allowed_roles)" if allowed.roles else ""
+            return (
+                "Sorry, you are not allowed to use this bot. Ask its operator to add your user "
+                f"id {message.author_id} to {key}.allowed_users{roles}."
+            )
+        if allowed.spaces and message.space and message.space not in allowed.spaces:
+            return (
+                f"Sorry, this bot does not answer on this server. Its operator can add it "
+                f"({message.space}) to {key}.allowed_guilds."
+            )
+        if allowed.rooms and message.room and message.room not in allowed.rooms:
+            return (
+                f"Sorry, this bot does not answer here. Its operator can add this channel "
+                f"({message.room}) to {key}.allowed_channels."
+            )
+        return None
+
+
+def _person_allowed(allowed: Allowed, message: ChannelMessage) -> bool:
+    if allowed.users is None or message.author_id in allowed.users:
+        return True
+    return not allowed.roles.isdisjoint(message.author_roles)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        store: Store,
+        runner: TurnRunner,
+        channels: Mapping[str, Channel],
+        access: AccessRules,
+        *,
+        max_message_chars: int,
+        scheduler: Scheduler | None = None,
+        memory: Memory | None = None,
+        owners: Owners | None = None,
+    ) -> None:
+        self._store = store
+        self._runner = runner
+        self._channels = channels
+        self._access = access
+        self._max_chars = max_message_chars
+        self._commands = Commands(store, runner, scheduler, memory)
+        self._owners = owners
+        """With several workers: where a conversation's turns and commands run."""
+        if owners is not None:
+            owners.run_command = self._run_forwarded
+        self._refused: dict[tuple[str, str], float] = {}
+        """When each stranger (platform, person) was last told they are refused."""
+
+    async def handle(self, message: ChannelMessage) -> None:
+        """Record `message` and act on it: answer a refusal or a command, or queue a turn.
+        Raises `StoreError` when a redeliverable message cannot be recorded, so its channel does
+        not acknowledge it."""
+        message = replace(message, text=clean(message.text))
+        stranger = self._access.refusal(message)
+        starts_workflow = self._runner.workflow_of(message.text) is not None
+        command = None if stranger or starts_workflow else parse_command(message.text)
+        refusal = stranger or (None if command else self._content_refusal(message))
+        status = "refused" if refusal else "command" if command else "turn"
+        try:
+            event_id = await self._recorded(message, status)
+        except StoreError as exc:
+            await self._not_recorded(message, exc)
+            return
+        if event_id is None:
+            logger.info("duplicate %s message %s ignored", *_origin(message))
+            return
+        channel = self._channels[message.platform]
+        if stranger is not None and not self._refusing_again(message):
+            return
+        if refusal is not None:
+            await channel.notify(message.place, refusal)
+        elif command is not None:
+            if self._owners is not None and not await self._owners.runs_here(message.place):
+                await self._owners.forward_command(message)  # its conversation's owner runs it
+                return
+            await self._run_command(message, channel, command)
+        elif self._runner.closing:
+            logger.warning(
+                "shutting down: %s message %s is recorded and will be answered at the next start",
+                *_origin(message),
+            )
+        else:
+            request = TurnRequest(
+                platform=message.platform,
+                place=message.place,
+                text=message.text,
+                author=message.author_name or message.author_id,
+                person=message.author_id,
+                reply_to=message.message_id,
+                inbound_event_id=event_id,
+                images=message.images,
+            )
+            if self._owners is not None:
+                await self._owners.arrived(request)  # the conversation's owner runs it
+            else:
+                self._runner.submit(request)
+
+    def _refusing_again(self, message: ChannelMessage) -> bool:
+        """Log a stranger's message; whether to tell them (not if they were within the hour)."""
+        now, key = time.monotonic(), (message.platform, message.author_id)
+        self._refused = {
+            k: at for k, at in self._refused.items() if now - at < REFUSE_AGAIN_SECONDS
+        }
+        told = key in self._refused
+        logger.warning(
+            "refused a message from %s user %s in %s (not on the allow-lists)%s",
+            message.platform,
+            message.author_id,
+            message.place,
+            "; told within the hour, not again" if told else "",
+        )
+        if not told:
+            self._refused[key] = now
+        return not told
+
+    async def _recorded(self, message: ChannelMessage, status: str) -> int | None:
+        """The message's inbox id, or None for a duplicate. A redelivery is a duplicate unless
+        no turn ever took its message up (recorded, then a crash or a shutdown): then it is
+        taken over and answered, once (`take_over` lets one taker win)."""
+        claim = await self._store.claim_inbound(_inbound(message, status))
+        if claim.fresh:
+            return claim.event_id
+        if claim.answered or self._runner.handles(claim.event_id):
+            return None
+        if not await self._store.take_over(claim.event_id, claim.token):
+            return None
+        logger.info(
+            "%s message %s was recorded but never answered: answering it", *_origin(message)
+        )
+        return claim.event_id
+
+    def _content_refusal(self, message: ChannelMessage) -> str | None:
+        """Why the model cannot take this message, in words for the person, or None."""
+        agent = self._runner.agent_for(message.place, message.platform)
+        if not message.text.strip() and not message.images:
+            pictures = " and pictures" if agent.images else ""
+            return f"Ask me something: I read text{pictures}, so write your question as a message."
+        if message.images and not agent.images:
+            return (
+                f"I can't see images: {agent.model} does not read them. Send your question as "
+                f"text, or set [agents.{agent.name}].images = true for a vision model."
+            )
+        if len(message.text) > self._max_chars:
+            return (
+                f"Your message is {len(message.text):,} characters; the limit is "
+                f"{self._max_chars:,} ([limits].max_message_chars). Shorten or split it."
+            )
+        return None
+
+    async def _not_recorded(self, message: ChannelMessage, error: StoreError) -> None:
+        if message.redeliverable:
+            logger.warning(
+                "%s message %s not recorded, left for the platform to deliver again: %s",
+                *_origin(message),
+                error,
+            )
+            raise error
+        logger.warning("%s message %s could not be recorded: %s", *_origin(message), error)
+        await self._channels[message.platform].notify(
+            message.place,
+            f"I could not save your message: {error.plainly}. Please send it again in a minute.",
+        )
+
+    async def _run_forwarded(self, message: ChannelMessage) -> None:
+        """A command another worker received for a conversation this one owns."""
+        command = parse_command(message.text)
+        if command is not None:
+            await self._run_command(message, self._channels[message.platform], command)
+
+    async def _run_command(
+        self, message: ChannelMessage, channel: Channel, command: Command
+    ) -> None:
+        try:
+            await self._commands.run(message, channel, command)
+        except Exception:
+            logger.exception("command /%s in %s failed", command.name, message.place)
+            await channel.notify(message.place, f"/{command.name} failed; see the log for why.")
+
+
+def _inbound(message: ChannelMessage, status: str) -> Inbound:
+    return Inbound(
+        platform=message.platform,
+        platform_message_id=message.message_id,
+        place=message.place,
+        text=message.text,
+        author=message.author_name or message.author_id,
+        author_id=message.author_id,
+        status=status,
+    )
+
+
+def _origin(message: ChannelMessage) -> tuple[str, str]:
+    return message.platform, message.message_id

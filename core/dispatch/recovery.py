@@ -1,0 +1,254 @@
+"""Start-up: whatever a dead process left half done is resolved in its place, once.
+
+A process can die at any instruction (kill -9, an out-of-memory kill, a power loss), and a
+shutdown may leave messages queued. Nobody may be left with a reply that looks alive forever, or
+with a message that is never answered. So before the channels start, the store is asked what an
+earlier process left (`leftovers`); once a place's channel is connected, each is resolved there
+(`Recovery.resolve`):
+
+- A turn left `running` is closed in the store first (`interrupted`; a tool call without a
+  result gets one, so the stored history is well-formed), then:
+  - if its reply had posted messages, the reply is taken up again and ends with "(interrupted by
+    a restart)";
+  - else, if it ran no tool and was a first attempt, its message is run again, once (a second
+    attempt is never run again: a message that crashes Kaiwa cannot make it crash forever);
+  - else the person is told that the message was not finished and should be sent again.
+- A message recorded for a turn that never started (a crash between the two, or a shutdown with
+  messages queued) is answered, oldest first. It is taken over by its claim first, so a
+  redelivery of the same message racing it is answered once (`core.dispatch.dispatcher`).
+
+Records before notices (invariant 5 in `core.turns.runner`): a turn is closed in the store before
+its place hears of it.
+"""
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+
+from core.channel import Channel, Delivery, Outcome, platform_of
+from core.store import UNSURE_DELIVERY, Store, Unfinished
+from core.store.tables import InboundEvent, Plan, SubagentRun, utc_now
+from core.turns.runner import Provenance, TurnRequest, TurnRunner
+
+logger = logging.getLogger(__name__)
+
+INTERRUPTED = "Kaiwa stopped before this turn finished (the process ended without a shutdown)"
+WAITED = "Kaiwa stopped while this turn waited for a person to approve {call}"
+CUT_FIRING = (
+    "A scheduled run here was cut short by a restart; its task runs again at its next time "
+    "(/tasks lists it, /tasks run ID runs it now)."
+)
+EXCERPT_CHARS = 60
+CONNECT_WAIT_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    """What an earlier process left: turns still `running`, messages no turn took up."""
+
+    turns: list[Unfinished] = field(default_factory=list)
+    messages: list[InboundEvent] = field(default_factory=list)
+    runs: list[tuple[str, SubagentRun]] = field(default_factory=list)
+    """Sub-agent runs left running (lost), with their places."""
+    reports: list[tuple[str, SubagentRun]] = field(default_factory=list)
+    """Sub-agent reports that never reached their conversations, with their places."""
+    waiting: dict[int, str] = field(default_factory=dict)
+    """The calls turns were waiting to have approved, by turn id."""
+    plans: list[Plan] = field(default_factory=list)
+    """Plans that were unfinished, now marked interrupted (their messages still say otherwise)."""
+    undelivered: list[Unfinished] = field(default_factory=list)
+    """Turns stored as ended whose last edit was never made."""
+
+    def __bool__(self) -> bool:
+        return bool(self.turns or self.messages or self.runs or self.reports or self.undelivered)
+
+
+async def leftovers(store: Store) -> Leftovers:
+    """Read before anything of this process runs: all that is running then is left over (and
+    the plans left unfinished are marked interrupted, before a plan of this process exists)."""
+    return Leftovers(
+        await store.unfinished_turns(),
+        await store.unanswered_messages(),
+        await store.live_runs(),
+        await store.undelivered_reports(),
+        {a.turn_id: a.call for a in await store.pending_approvals() if a.turn_id is not None},
+        await store.close_unfinished_plans(utc_now()),
+        await store.undelivered_turns(),
+    )
+
+
+class Recovery:
+    def __init__(self, store: Store, runner: TurnRunner, channels: Mapping[str, Channel]) -> None:
+        self._store = store
+        self._runner = runner
+        self._channels = channels
+
+    async def resolve(self, left: Leftovers) -> None:
+        """Resolve every leftover, each platform's once its channel is connected (a platform
+        that is no longer configured gets its turns closed in the store, and a line in the log).
+        Never raises: a leftover that cannot be resolved is logged and the rest go on."""
+        for unfinished in left.turns:
+            waited = left.waiting.get(unfinished.turn.id or 0)
+            why = WAITED.format(call=waited) if waited else INTERRUPTED
+            closing = self._store.close_interrupted(unfinished, why)
+            await self._guarded(closing, f"closing turn {unfinished.turn.id}")
+        platforms = {platform_of(each.place) for each in [*left.turns, *left.undelivered]} | {
+            each.platform for each in left.messages
+        }
+        await asyncio.gather(*(self._resolve_on(platform, left) for platform in platforms))
+        if left.runs or left.reports:
+            resuming = self._runner.subagents.resume(left.runs, left.reports, self._say)
+            await self._guarded(resuming, "sub-agents left by a restart")
+
+    async def _say(self, place: str, text: str) -> None:
+        """A line in `place`, once its channel is connected."""
+        channel = self._channels.get(platform_of(place))
+        if channel is None:
+            logger.warning("%s: %s (its platform is not running)", place, text)
+            return
+        await asyncio.wait_for(channel.connected.wait(), CONNECT_WAIT_SECONDS)
+        await channel.notify(place, text)
+
+    async def _resolve_on(self, platform: str, left: Leftovers) -> None:
+        channel = self._channels.get(platform)
+        turns = [each for each in left.turns if platform_of(each.place) == platform]
+        undelivered = [each for each in left.undelivered if platform_of(each.place) == platform]
+        messages = [each for each in left.messages if each.platform == platform]
+        if channel is None:
+            logger.warning(
+                "%d interrupted turns and %d unanswered messages on %s, which is not running; "
+                "they stay as they are",
+                len(turns),
+                len(messages),
+                platform,
+            )
+            return
+        try:
+            await asyncio.wait_for(channel.connected.wait(), CONNECT_WAIT_SECONDS)
+        except TimeoutError:
+            logger.warning("%s did not connect; its interrupted replies stay as they are", platform)
+            return
+        for unfinished in turns:
+            await self._guarded(self._tell(channel, unfinished), f"turn {unfinished.turn.id}")
+        for ended in undelivered:
+            await self._guarded(self._show_ending(channel, ended), f"turn {ended.turn.id}")
+        for message in messages:
+            await self._guarded(self._answer(message), f"message {message.id}")
+
+    async def _show_ending(self, channel: Channel, ended: Unfinished) -> None:
+        """A turn that ended and was stored, whose process died before its last edit: the
+        edit is made now (on the reply it posted, if it posted one), so the person sees it."""
+        turn = ended.turn
+        assert turn.id is not None
+        if turn.delivery == UNSURE_DELIVERY and not turn.reply_ids:
+            await channel.notify(ended.place, _resend(ended))  # an answer may be out already
+            await self._store.mark_delivered(turn.id, Delivery.STALE.value)
+            logger.info("turn %s in %s: the person is asked to send it again", turn.id, ended.place)
+            return
+        outcome = Outcome(turn.status)
+        note = turn.error if outcome is Outcome.FAILED else None
+        reply = channel.open_reply(ended.place, ended.reply_to, posted=turn.reply_ids or ())
+        await reply.finish(_said(ended), outcome, note)
+        await self._store.mark_delivered(turn.id, reply.delivery.value)
+        logger.info("turn %s in %s: its ending is shown now", turn.id, ended.place)
+
+    async def _tell(self, channel: Channel, unfinished: Unfinished) -> None:
+        """Show the person what became of the turn: the reply marked, the message run again,
+        or a request to send it again."""
+        turn, place = unfinished.turn, unfinished.place
+        said = _said(unfinished)
+        if turn.reply_ids:
+            reply = channel.open_reply(place, None, posted=turn.reply_ids)
+            await reply.finish(said, Outcome.INTERRUPTED, None)
+            logger.info("turn %s in %s: its reply is marked interrupted", turn.id, place)
+        elif _may_run_again(unfinished):
+            self._runner.submit(_again(unfinished))
+            logger.info("turn %s in %s: its message is run again", turn.id, place)
+        elif turn.provenance == "schedule":
+            await channel.notify(place, CUT_FIRING)
+            logger.info("turn %s in %s: a scheduled run, said to be cut short", turn.id, place)
+        else:
+            await channel.notify(place, _resend(unfinished))
+            logger.info("turn %s in %s: the person is asked to send it again", turn.id, place)
+
+    async def _answer(self, message: InboundEvent) -> None:
+        assert message.id is not None
+        if not await self._store.take_over(message.id, message.claim or ""):
+            return  # a redelivery of it came first and is being answered
+        self._runner.submit(turn_of(message))
+        logger.info("a message recorded before the restart is answered now (%s)", message.place)
+
+    async def _guarded(self, step: Awaitable[None], what: str) -> None:
+        try:
+            await step
+        except Exception:
+            logger.exception("recovering after a restart: %s failed", what)
+
+
+def turn_of(message: InboundEvent) -> TurnRequest:
+    """The turn that answers a recorded message (after a restart, or on the worker that owns
+    its conversation); what the inbox does not keep (its pictures) stays behind."""
+    return TurnRequest(
+        platform=message.platform,
+        place=message.place,
+        text=message.text or "",
+        author=message.author,
+        person=message.author_id,
+        reply_to=message.platform_message_id,
+        inbound_event_id=message.id,
+    )
+
+
+def _resend(unfinished: Unfinished) -> str:
+    asked = _excerpt(unfinished.messages[0].text if unfinished.messages else "")
+    return f"I was restarted before I could finish answering {asked}. Please send it again."
+
+
+def _may_run_again(unfinished: Unfinished) -> bool:
+    """Nothing shown, no tool asked for (so running it again repeats no side effect), a
+    person's message, and not itself a second attempt. "Nothing shown" is read from the store:
+    a frame is saved before it is shown (`core.turns.pump`), and the first one marks the turn
+    `unsure` (a status line is a frame too), so a turn without that mark and with no text or
+    thinking stored showed nothing. One with it but no reply id may have posted in the instant
+    before the id was written (a kill lands anywhere): running it again could answer twice, so
+    the person is asked instead."""
+    said_something = any(
+        message.role == "assistant" and (message.text or message.thinking)
+        for message in unfinished.messages
+    )
+    asked_for_tools = any(
+        message.role == "assistant" and message.tool_calls for message in unfinished.messages
+    )
+    return (
+        unfinished.turn.attempt == 1
+        and unfinished.reply_to is not None
+        and unfinished.turn.delivery != UNSURE_DELIVERY
+        and not asked_for_tools
+        and not said_something
+    )
+
+
+def _again(unfinished: Unfinished) -> TurnRequest:
+    first = unfinished.messages[0]
+    return TurnRequest(
+        platform=platform_of(unfinished.place),
+        place=unfinished.place,
+        text=first.text,
+        provenance=Provenance(unfinished.turn.provenance),
+        author=first.author,
+        reply_to=unfinished.reply_to,
+        inbound_event_id=unfinished.turn.inbound_event_id,
+        attempt=2,
+    )
+
+
+def _said(unfinished: Unfinished) -> str:
+    """The reply's text as it was displayed: its assistant messages' text, joined."""
+    texts = [m.text for m in unfinished.messages if m.role == "assistant" and m.text]
+    return "\n\n".join(texts)
+
+
+def _excerpt(text: str) -> str:
+    flat = " ".join(text.split())
+    return f"“{flat[:EXCERPT_CHARS]}…”" if len(flat) > EXCERPT_CHARS else f"“{flat}”"
