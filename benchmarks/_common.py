@@ -335,16 +335,21 @@ async def build_kaiwa(
     context_window: int = 0,
     agents: dict[str, Any] | None = None,
 ) -> Kaiwa:
-    """The real turn path, wired as tests/harness.py and bot/app.py do, on `channel` (a
-    `BenchChannel` unless given), open to anyone; no tools, so Kaiwa sends the same request body
-    as the bare client (plus keep_alive). `url` is the (fake) Ollama's; the store opens
-    `database_url`, by default a SQLite file in `data_dir`, with the default `StoreSettings`
-    (as `[storage]` has them); `context_window` 0 chooses the window as `[context]` does;
-    `agents`, profiles the assistant may delegate to. Close it with `Kaiwa.close`."""
+    """The real turn path, assembled as `kaiwa run` does (`bot.wiring.assemble`), on `channel`
+    (a `BenchChannel` unless given), open to anyone; no tools (the task tools and notes off), so
+    Kaiwa sends the same request body as the bare client (plus keep_alive). `url` is the (fake)
+    Ollama's; the store opens `database_url`, by default a SQLite file in `data_dir`, with the
+    default `StoreSettings` (as `[storage]` has them); `context_window` 0 chooses the window as
+    `[context]` does; `agents`, profiles the assistant may delegate to. Close it with
+    `Kaiwa.close`."""
+    from bot.wiring import Features, assemble
     from core.agent.model import ModelClient, ModelSettings
-    from core.dispatch.dispatcher import AccessRules, Allowed, Dispatcher
+    from core.agent.profile import AgentProfile
+    from core.dispatch.dispatcher import AccessRules, Allowed
+    from core.features.memory import MemorySettings
+    from core.features.schedule.timing import ScheduleSettings
     from core.store import Store, StoreSettings
-    from core.turns.runner import AgentProfile, TurnRunner, TurnSettings
+    from core.turns.turn import TurnSettings
 
     if database_url is None:
         if data_dir is None:
@@ -373,10 +378,12 @@ async def build_kaiwa(
     settings = TurnSettings(
         agent=agent, agents=agents or {}, max_cached_conversations=max(1000, 2 * max_concurrent)
     )
-    runner = TurnRunner(store, model, channels, settings)
     access = AccessRules({channel.platform: Allowed(users=None)})
-    dispatcher = Dispatcher(store, runner, channels, access, max_message_chars=16_000)
-    return Kaiwa(store, model, channel, runner, dispatcher)
+    untooled = Features(
+        schedule=ScheduleSettings(enabled=False), memory=MemorySettings(enabled=False)
+    )
+    kaiwa = assemble(store, model, channels, settings, access, untooled, max_message_chars=16_000)
+    return Kaiwa(store, model, channel, kaiwa.runner, kaiwa.dispatcher)
 
 
 # -- the baseline: a bare ollama.AsyncClient --------------------------------------------------

@@ -131,7 +131,7 @@ def context(place: str) -> Any:
 
 def mixed_when(n: int, now: datetime) -> Any:
     """Task `n`'s schedule: cron, interval or one-shot in turn, in one of seven zones."""
-    from core.features.schedule.scheduler import When
+    from core.features.schedule.timing import When
 
     zone = ZONES[n % len(ZONES)]
     if n % 3 == 0:
@@ -144,7 +144,8 @@ def mixed_when(n: int, now: datetime) -> Any:
 
 async def populate(kaiwa: bench.Kaiwa, count: int) -> datetime:
     """`count` tasks stored as `Scheduler.create` stores them; returns when they were made."""
-    from core.features.schedule.scheduler import Scheduler, ScheduleSettings
+    from core.features.schedule.scheduler import Scheduler
+    from core.features.schedule.timing import ScheduleSettings
     from core.store.tables import utc_now
 
     now = utc_now()
@@ -190,7 +191,8 @@ class Load:
 async def timed_start(load: Load, kaiwa: bench.Kaiwa, database_url: str, now: datetime) -> None:
     """On a freshly opened store: how long `start()` takes, how long until its catch-up firings
     have settled, the event loop's longest stall meanwhile, and the jobs it made."""
-    from core.features.schedule.scheduler import Scheduler, ScheduleSettings
+    from core.features.schedule.scheduler import Scheduler
+    from core.features.schedule.timing import ScheduleSettings
     from core.store import Store, StoreSettings
 
     store = await Store.open(database_url, StoreSettings())
@@ -284,7 +286,7 @@ async def exactly_once(kaiwa: bench.Kaiwa, tasks: Sequence[Any], slots: int) -> 
 
 async def same_slot_tasks(scheduler: Any, count: int) -> list[Any]:
     """`count` daily tasks, each in a place of its own, all due at 08:00 UTC."""
-    from core.features.schedule.scheduler import When
+    from core.features.schedule.timing import When
 
     tasks = []
     for n in range(count):
@@ -327,7 +329,8 @@ async def timed_rounds(
 async def measure_firing(
     url: str, database_url: str, data_dir: Path, count: int, rounds: int
 ) -> Firing:
-    from core.features.schedule.scheduler import Scheduler, ScheduleSettings
+    from core.features.schedule.scheduler import Scheduler
+    from core.features.schedule.timing import ScheduleSettings
 
     firing, clock, channel = Firing(), Clock(CREATED), TimedChannel()
     kaiwa = await bench.build_kaiwa(

@@ -27,6 +27,7 @@ import asyncio
 import itertools
 import tempfile
 import time
+from typing import Any
 
 from benchmarks import _common as bench  # clears the proxy variables
 
@@ -40,20 +41,18 @@ def new_place() -> str:
     return f"{bench.PLATFORM}:round-{next(PLACES)}"
 
 
-async def launch_five(kaiwa: bench.Kaiwa, place: str) -> float:
+async def launch_five(kaiwa: bench.Kaiwa, subagents: Any, place: str) -> float:
     """Seconds from `delegate` in `place` to the end of the last of its five runs."""
-    from core.features.subagents.delegation import Claims
     from core.store import TurnStart
+    from core.turns.parts import OpenTurn
+    from core.turns.turn import TurnRequest
 
     started = await kaiwa.store.start_turn(
         TurnStart(place, "assistant", bench.SYSTEM_PROMPT, "person", "go")
     )
-
-    async def ids() -> tuple[int, int]:
-        return started.conversation_id, started.turn_id
-
-    subagents = kaiwa.runner.subagents
-    tools = subagents.tools_for(place, bench.PLATFORM, kaiwa.runner.settings.agent, ids, Claims())
+    turn = OpenTurn(TurnRequest(bench.PLATFORM, place, "go"), kaiwa.runner.settings.agent)
+    turn.row.set_result(started)
+    tools = subagents.joined(turn).tools
     tasks = [{"profile": "worker", "instruction": f"Hello there {n}"} for n in range(AGENTS)]
     begun = time.perf_counter()
     await tools["delegate"].invoke({"tasks": tasks})
@@ -61,9 +60,28 @@ async def launch_five(kaiwa: bench.Kaiwa, place: str) -> float:
     return time.perf_counter() - begun
 
 
-async def streaming(kaiwa: bench.Kaiwa, place: str) -> None:
+def runs_alone(kaiwa: bench.Kaiwa) -> Any:
+    """Sub-agents on Kaiwa's turn path whose finished reports start no turn of their own (a
+    parts collection that carries nothing): the runs are measured alone."""
+    from core.features.subagents.agents import Subagents
+    from core.features.subagents.runs import SubagentSettings
+    from core.turns.parts import TurnParts
+
+    runner = kaiwa.runner
+    return Subagents(
+        kaiwa.store,
+        kaiwa.model,
+        runner.settings,
+        SubagentSettings(),
+        runner.conversations.windows.of,
+        TurnParts(carry=lambda request: None),
+        {kaiwa.channel.platform: kaiwa.channel},
+    )
+
+
+async def streaming(subagents: Any, place: str) -> None:
     """Until the five sub-agents of `place` are receiving their streams."""
-    runs = kaiwa.runner.subagents.live
+    runs = subagents.live
     while sum(run.doing == "writing" for run in runs(place)) < AGENTS:  # noqa: ASYNC110
         await asyncio.sleep(0.001)  # a run has no event for its first chunk: look again
 
@@ -99,27 +117,30 @@ async def bare_first_chunk(client: object) -> float:
 
 
 async def measure(url: str, rounds: int, warmup: int) -> dict[str, list[float]]:
-    from core.turns.runner import AgentProfile
+    from core.agent.profile import AgentProfile
 
     worker = AgentProfile(name="worker", model=bench.MODEL, system_prompt="You work.", tools={})
     names = ("kaiwa", "bare", "busy", "idle", "bare busy", "bare idle")
     times: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="kaiwa-bench-") as tmp:
         kaiwa = await bench.build_kaiwa(url, Path(tmp), SLOTS, agents={"worker": worker})
-        kaiwa.runner.subagents.wake = lambda platform, place: None  # measure the runs alone
+        runs = runs_alone(kaiwa)
         client = bench.bare_client(url, connections=SLOTS)
         try:
             for index in range(warmup + rounds):
                 measured = index >= warmup
-                sides = [("kaiwa", launch_five(kaiwa, new_place())), ("bare", five_bare(client))]
+                sides = [
+                    ("kaiwa", launch_five(kaiwa, runs, new_place())),
+                    ("bare", five_bare(client)),
+                ]
                 for name, side in sides if index % 2 else reversed(sides):
                     seconds = await side
                     if measured:
                         times[name].append(seconds)
                 idle = await first_text(kaiwa)
                 place = new_place()
-                background = asyncio.create_task(launch_five(kaiwa, place))
-                await streaming(kaiwa, place)
+                background = asyncio.create_task(launch_five(kaiwa, runs, place))
+                await streaming(runs, place)
                 busy = await first_text(kaiwa)
                 await background
                 bare_idle = await bare_first_chunk(client)

@@ -24,13 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"kaiwa: configuration error: {exc}", file=sys.stderr)
         return 2
-    from bot import app
+    from bot import reports
 
     try:
         if args.command == "check":
-            return asyncio.run(app.check(config))
+            return asyncio.run(reports.check(config))
         if args.command == "status":
-            return asyncio.run(app.status(config))
+            return asyncio.run(reports.status(config))
         return asyncio.run(_run(config, debug=args.debug))
     except ConfigError as exc:
         print(f"kaiwa: configuration error: {exc}", file=sys.stderr)

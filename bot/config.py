@@ -50,10 +50,10 @@ from core.features.approvals.questions import ApprovalSettings
 from core.features.fetch import FetchSettings
 from core.features.mcp import McpServerSettings
 from core.features.memory import SCOPES, MemorySettings
-from core.features.schedule.scheduler import ScheduleSettings
-from core.features.subagents.delegation import SubagentSettings
+from core.features.schedule.timing import ScheduleSettings
+from core.features.subagents.runs import SubagentSettings
 from core.store import StoreSettings
-from workflows.plan import PlanSettings
+from workflows.plan.settings import PlanSettings
 
 logger = logging.getLogger(__name__)
 

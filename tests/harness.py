@@ -11,22 +11,28 @@ from typing import Any
 
 import pytest
 
+from bot.wiring import Features, assemble
 from core.agent.model import ModelClient
+from core.agent.profile import AgentProfile
 from core.agent.tools import Tool, builtin_tools, tool
 from core.channel import Channel, ChannelMessage
 from core.cluster.leases import Coordinator
 from core.cluster.owners import Owners
 from core.dispatch.dispatcher import AccessRules, Allowed, Dispatcher
-from core.features.approvals.questions import Approvals, ApprovalSettings
-from core.features.memory import Memory, MemorySettings, memory_tools
-from core.features.schedule.scheduler import Scheduler, ScheduleSettings, task_tools
-from core.features.subagents.delegation import SubagentSettings
+from core.features.approvals.questions import ApprovalSettings
+from core.features.mcp import McpServers
+from core.features.memory import MemorySettings
+from core.features.schedule.scheduler import Scheduler
+from core.features.schedule.timing import ScheduleSettings
+from core.features.subagents.agents import Subagents
+from core.features.subagents.runs import SubagentSettings
 from core.store import Store
 from core.store.tables import Message, Turn, utc_now
-from core.turns.runner import AgentProfile, TurnRunner, TurnSettings
+from core.turns.runner import TurnRunner
+from core.turns.turn import TurnSettings
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import FakeOllama
-from workflows.plan import PlanSettings, PlanWorkflow
+from workflows.plan.settings import PlanSettings
 
 SYSTEM_PROMPT = "You are a test assistant."
 PLACE = "test:one"
@@ -46,6 +52,7 @@ class Bot:
     runner: TurnRunner
     dispatcher: Dispatcher
     ollama: FakeOllama
+    subagents: Subagents
     scheduler: Scheduler | None = None
     owners: Owners | None = None
 
@@ -119,6 +126,7 @@ async def make_bot(
         memory: MemorySettings | None = None,
         approvals: ApprovalSettings | None = None,
         mcp: tuple[str, ...] = (),
+        servers: McpServers | None = None,
         tool_timeout: float = 5.0,
         plan: PlanSettings | None = None,
         cluster: Coordinator | None = None,
@@ -126,7 +134,7 @@ async def make_bot(
         """`schedule`: with a scheduler (its task tools given to the agent), on `clock`, with
         no timers: firings happen when the test calls `scheduler.fire_due()`. `memory`: with
         the notes tools and `/memory`. `approvals`: the tools it names ask first. `plan`: with
-        the `/plan` workflow."""
+        the `/plan` workflow. `servers`: MCP servers (started) whose tools `mcp` names."""
         channel = channel or RecordingChannel()
         chosen = tools if tools is not None else [echo, *builtin_tools("UTC")]
         settings = TurnSettings(
@@ -142,51 +150,44 @@ async def make_bot(
                 mcp=mcp,
             ),
             agents=agents or {},
-            subagents=subagents or SubagentSettings(),
             channel_agents=channel_agents or {},
             tool_timeout=tool_timeout,
             tool_grace=tool_grace,
             max_cached_conversations=max_cached_conversations,
         )
         used_store = bot_store or store
-        channels = {channel.platform: channel}
-        runner = TurnRunner(used_store, model, channels, settings)
-        runners.append(runner)
-        if approvals is not None or plan is not None:
-            asking = Approvals(used_store, channels, approvals or ApprovalSettings())
-            runner.require_approvals(asking)
-            if plan is not None:
-                runner.workflows["plan"] = PlanWorkflow(used_store, asking, plan)
-        scheduler = None
-        if schedule is not None:
-            scheduler = Scheduler(
-                used_store,
-                runner,
-                channels,
-                schedule,
-                zone="UTC",
-                clock=clock or utc_now,
-                timers=False,
-            )
-            tools = task_tools(scheduler, lambda place, platform: "assistant")
-            runner.shared_tools = {each.name: each for each in tools}
-        owners = Owners(cluster, used_store, runner, channels) if cluster is not None else None
-        if owners is not None and scheduler is not None:
-            scheduler.serve_cluster(owners)
-        notes = Memory(used_store, memory) if memory is not None else None
-        if notes is not None:
-            runner.shared_tools.update({each.name: each for each in memory_tools(notes)})
-        dispatcher = Dispatcher(
-            used_store,
-            runner,
-            channels,
-            AccessRules({channel.platform: access or Allowed(users=allowed, rooms=rooms)}),
-            max_message_chars=max_message_chars,
-            scheduler=scheduler,
-            memory=notes,
-            owners=owners,
+        features = Features(
+            subagents=subagents or SubagentSettings(),
+            approvals=approvals or ApprovalSettings(),
+            plan=plan or PlanSettings(enabled=False),
+            schedule=schedule or ScheduleSettings(enabled=False),
+            memory=memory or MemorySettings(enabled=False),
+            mcp=servers,
+            zone="UTC",
+            clock=clock or utc_now,
+            timers=False,
         )
-        return Bot(used_store, channel, runner, dispatcher, ollama, scheduler, owners)
+        kaiwa = assemble(
+            used_store,
+            model,
+            {channel.platform: channel},
+            settings,
+            AccessRules({channel.platform: access or Allowed(users=allowed, rooms=rooms)}),
+            features,
+            max_message_chars=max_message_chars,
+            cluster=cluster,
+        )
+        runners.append(kaiwa.runner)
+        return Bot(
+            used_store,
+            channel,
+            kaiwa.runner,
+            kaiwa.dispatcher,
+            ollama,
+            kaiwa.subagents,
+            kaiwa.scheduler,
+            kaiwa.owners,
+        )
 
     yield build
     for runner in runners:

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from core.agent.messages import Usage
 from core.agent.model import ModelReply, StatusCallback
+from core.agent.profile import AgentProfile
 from core.errors import KaiwaError, ModelError
 from core.text import plural
 
@@ -109,6 +110,36 @@ class ContextSettings:
     """Tokens always left free for the answer."""
     setting: str = "context_window"
     """The config key that sets the window, named in errors."""
+
+
+class LengthModel(Protocol):
+    async def context_length(self, model: str) -> int | None: ...
+
+
+class ContextWindows:
+    """Each agent's window: its own setting, or chosen for its model. Ollama is asked a model's
+    context length once (the model client keeps the answer); while it cannot say, `max_window`
+    is planned for, with a line in the log. The turn runner and sub-agents' runs ask here alike."""
+
+    def __init__(self, model: LengthModel, policy: ContextPolicy) -> None:
+        self._model = model
+        self.policy = policy
+
+    async def of(self, agent: AgentProfile) -> ContextSettings:
+        setting = f"[agents.{agent.name}].context_window"
+        if agent.context_window:
+            return self.policy.settings(agent.context_window, setting)
+        try:
+            length = await self._model.context_length(agent.model)
+        except ModelError as exc:
+            logger.warning(
+                "the context length of %s is unknown (%s); planning for %d tokens",
+                agent.model,
+                exc,
+                self.policy.max_window,
+            )
+            length = None
+        return self.policy.settings(self.policy.window(0, length), setting)
 
 
 @dataclass(frozen=True)

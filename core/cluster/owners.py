@@ -41,12 +41,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-from core.channel import Channel, ChannelMessage, platform_of
+from core.channel import Channel, ChannelMessage
 from core.cluster.leases import Coordinator
-from core.dispatch.recovery import CUT_FIRING, Leftovers, Recovery, turn_of
+from core.dispatch.recovery import Recovery, leftovers, turn_of
 from core.errors import StoreError
 from core.store import Store
-from core.turns.runner import TurnRequest, TurnRunner
+from core.turns.runner import TurnRunner
+from core.turns.turn import TurnRequest
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,6 @@ CLAIM_GRACE_SECONDS = 1.0
 """How long the preferred worker has to take a new conversation before the receiver does."""
 CommandRunner = Callable[[ChannelMessage], Awaitable[None]]
 FiringRunner = Callable[[dict[str, Any]], Awaitable[None]]
-PlaceHook = Callable[[str], Awaitable[None]]
 
 
 def _log_failure(task: "asyncio.Future[None]") -> None:
@@ -97,8 +97,6 @@ class Owners:
         """Runs a command as the dispatcher would (set by the dispatcher)."""
         self.run_firing: FiringRunner | None = None
         """Runs a scheduled firing claimed elsewhere (set by the scheduler)."""
-        self.recovered: PlaceHook | None = None
-        """Told of each place claimed, after its leftovers are resolved (the plans' messages)."""
         self.task_changed: Callable[[int], Awaitable[None]] | None = None
         """Told of a scheduled task changed on another worker (set by the scheduler)."""
         coordinator.on("work", self._on_work)
@@ -234,22 +232,13 @@ class Owners:
         return True
 
     async def _recover(self, place: str) -> None:
-        """What a dead owner left in `place`, resolved before this worker's first turn there."""
+        """What a dead owner left in `place`, resolved before this worker's first turn there:
+        its turns, and what each turn part left (`core.dispatch.recovery`)."""
         try:
-            left = Leftovers(
-                turns=await self._store.unfinished_turns(place),
-                runs=await self._store.live_runs(place),
-                reports=await self._store.undelivered_reports(place),
-                undelivered=await self._store.undelivered_turns(place),
-            )
-            firings = await self._store.close_unfinished_task_runs(place)
+            left = await leftovers(self._store, self._runner.parts, place)
             if left:
                 await Recovery(self._store, self._runner, self._channels).resolve(left)
                 logger.info("%s: what a dead worker left there is resolved", place)
-            if firings and not any(t.turn.provenance == "schedule" for t in left.turns):
-                await self._channels[platform_of(place)].notify(place, CUT_FIRING)  # no turn yet
-            if self.recovered is not None:
-                await self.recovered(place)
         except StoreError as exc:
             logger.warning("%s: what a dead worker left could not be resolved yet: %s", place, exc)
 

@@ -23,18 +23,17 @@
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from core.channel import Channel, ChannelMessage
-from core.cluster.owners import Owners
 from core.dispatch.commands import Commands
 from core.errors import StoreError
-from core.features.memory import Memory
-from core.features.schedule.scheduler import Scheduler
 from core.store import Inbound, Store
 from core.text import Command, clean, parse_command
-from core.turns.runner import TurnRequest, TurnRunner
+from core.turns.runner import TurnRunner
+from core.turns.turn import TurnRequest
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +88,19 @@ def _person_allowed(allowed: Allowed, message: ChannelMessage) -> bool:
     return not allowed.roles.isdisjoint(message.author_roles)
 
 
+class Placement(Protocol):
+    """Where a conversation's turns and commands run, with several workers: on the worker that
+    owns it (`core.cluster.owners`). A single process has none: everything runs here."""
+
+    run_command: Callable[[ChannelMessage], Awaitable[None]] | None
+
+    async def runs_here(self, place: str) -> bool: ...
+
+    async def forward_command(self, message: ChannelMessage) -> None: ...
+
+    async def arrived(self, request: TurnRequest) -> None: ...
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -98,18 +110,16 @@ class Dispatcher:
         access: AccessRules,
         *,
         max_message_chars: int,
-        scheduler: Scheduler | None = None,
-        memory: Memory | None = None,
-        owners: Owners | None = None,
+        owners: Placement | None = None,
     ) -> None:
         self._store = store
         self._runner = runner
         self._channels = channels
         self._access = access
         self._max_chars = max_message_chars
-        self._commands = Commands(store, runner, scheduler, memory)
+        self.commands = Commands(store, runner)
+        """The turn path's commands, and those features add (`Commands.add`)."""
         self._owners = owners
-        """With several workers: where a conversation's turns and commands run."""
         if owners is not None:
             owners.run_command = self._run_forwarded
         self._refused: dict[tuple[str, str], float] = {}
@@ -200,7 +210,7 @@ class Dispatcher:
 
     def _content_refusal(self, message: ChannelMessage) -> str | None:
         """Why the model cannot take this message, in words for the person, or None."""
-        agent = self._runner.agent_for(message.place, message.platform)
+        agent = self._runner.conversations.agent_for(message.place, message.platform)
         if not message.text.strip() and not message.images:
             pictures = " and pictures" if agent.images else ""
             return f"Ask me something: I read text{pictures}, so write your question as a message."
@@ -240,7 +250,7 @@ class Dispatcher:
         self, message: ChannelMessage, channel: Channel, command: Command
     ) -> None:
         try:
-            await self._commands.run(message, channel, command)
+            await self.commands.run(message, channel, command)
         except Exception:
             logger.exception("command /%s in %s failed", command.name, message.place)
             await channel.notify(message.place, f"/{command.name} failed; see the log for why.")

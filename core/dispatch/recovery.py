@@ -17,8 +17,14 @@ earlier process left (`leftovers`); once a place's channel is connected, each is
   messages queued) is answered, oldest first. It is taken over by its claim first, so a
   redelivery of the same message racing it is answered once (`core.dispatch.dispatcher`).
 
+- What a turn part left (`core.turns.parts.Leftover`: sub-agent runs lost and reports not yet
+  delivered, questions left unanswered, plans cut short, scheduled runs under way) is read with
+  the rest, before anything of this process runs, and shown once the channels are connected:
+  each part says what is left of it, so recovery names none of them.
+
 Records before notices (invariant 5 in `core.turns.runner`): a turn is closed in the store before
-its place hears of it.
+its place hears of it. With several workers, the same happens place by place, when a worker
+takes a place over (`core.cluster.owners`).
 """
 
 import asyncio
@@ -28,57 +34,49 @@ from dataclasses import dataclass, field
 
 from core.channel import Channel, Delivery, Outcome, platform_of
 from core.store import UNSURE_DELIVERY, Store, Unfinished
-from core.store.tables import InboundEvent, Plan, SubagentRun, utc_now
-from core.turns.runner import Provenance, TurnRequest, TurnRunner
+from core.store.tables import InboundEvent
+from core.turns.parts import Leftover, TurnParts
+from core.turns.runner import TurnRunner
+from core.turns.turn import CUT_FIRING, Provenance, TurnRequest
 
 logger = logging.getLogger(__name__)
 
 INTERRUPTED = "Kaiwa stopped before this turn finished (the process ended without a shutdown)"
-WAITED = "Kaiwa stopped while this turn waited for a person to approve {call}"
-CUT_FIRING = (
-    "A scheduled run here was cut short by a restart; its task runs again at its next time "
-    "(/tasks lists it, /tasks run ID runs it now)."
-)
 EXCERPT_CHARS = 60
 CONNECT_WAIT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
 class Leftovers:
-    """What an earlier process left: turns still `running`, messages no turn took up."""
+    """What an earlier process left: turns still `running`, messages no turn took up, endings
+    never shown, and what each turn part left."""
 
     turns: list[Unfinished] = field(default_factory=list)
     messages: list[InboundEvent] = field(default_factory=list)
-    runs: list[tuple[str, SubagentRun]] = field(default_factory=list)
-    """Sub-agent runs left running (lost), with their places."""
-    reports: list[tuple[str, SubagentRun]] = field(default_factory=list)
-    """Sub-agent reports that never reached their conversations, with their places."""
-    waiting: dict[int, str] = field(default_factory=dict)
-    """The calls turns were waiting to have approved, by turn id."""
-    plans: list[Plan] = field(default_factory=list)
-    """Plans that were unfinished, now marked interrupted (their messages still say otherwise)."""
     undelivered: list[Unfinished] = field(default_factory=list)
     """Turns stored as ended whose last edit was never made."""
+    parts: list[Leftover] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.turns or self.messages or self.runs or self.reports or self.undelivered)
+        return bool(self.turns or self.messages or self.undelivered or self.parts)
 
 
-async def leftovers(store: Store) -> Leftovers:
-    """Read before anything of this process runs: all that is running then is left over (and
-    the plans left unfinished are marked interrupted, before a plan of this process exists)."""
+async def leftovers(store: Store, parts: TurnParts, place: str | None = None) -> Leftovers:
+    """Read before anything of this process runs (in `place` only, when a worker takes it
+    over): all that is running then is left over. A place taken over has no unanswered messages
+    of its own to read: its new owner picks its queued messages up."""
     return Leftovers(
-        await store.unfinished_turns(),
-        await store.unanswered_messages(),
-        await store.live_runs(),
-        await store.undelivered_reports(),
-        {a.turn_id: a.call for a in await store.pending_approvals() if a.turn_id is not None},
-        await store.close_unfinished_plans(utc_now()),
-        await store.undelivered_turns(),
+        await store.unfinished_turns(place),
+        await store.unanswered_messages() if place is None else [],
+        await store.undelivered_turns(place),
+        await parts.left_over(place),
     )
 
 
 class Recovery:
+    """Resolves leftovers; as `core.turns.parts.Places`, it is how a part's leftovers reach
+    their places once connected."""
+
     def __init__(self, store: Store, runner: TurnRunner, channels: Mapping[str, Channel]) -> None:
         self._store = store
         self._runner = runner
@@ -88,46 +86,54 @@ class Recovery:
         """Resolve every leftover, each platform's once its channel is connected (a platform
         that is no longer configured gets its turns closed in the store, and a line in the log).
         Never raises: a leftover that cannot be resolved is logged and the rest go on."""
+        why = {turn: reason for part in left.parts for turn, reason in part.why.items()}
         for unfinished in left.turns:
-            waited = left.waiting.get(unfinished.turn.id or 0)
-            why = WAITED.format(call=waited) if waited else INTERRUPTED
-            closing = self._store.close_interrupted(unfinished, why)
+            reason = why.get(unfinished.turn.id or 0, INTERRUPTED)
+            closing = self._store.close_interrupted(unfinished, reason)
             await self._guarded(closing, f"closing turn {unfinished.turn.id}")
         platforms = {platform_of(each.place) for each in [*left.turns, *left.undelivered]} | {
             each.platform for each in left.messages
         }
         await asyncio.gather(*(self._resolve_on(platform, left) for platform in platforms))
-        if left.runs or left.reports:
-            resuming = self._runner.subagents.resume(left.runs, left.reports, self._say)
-            await self._guarded(resuming, "sub-agents left by a restart")
+        for part in left.parts:
+            await self._guarded(part.resume(self), "what a part left at a restart")
 
-    async def _say(self, place: str, text: str) -> None:
-        """A line in `place`, once its channel is connected."""
-        channel = self._channels.get(platform_of(place))
+    async def ready(self, place: str) -> Channel | None:
+        """The channel of `place` once connected; None if its platform is not running or does
+        not connect in time."""
+        return await self._connected(platform_of(place))
+
+    async def _connected(self, platform: str) -> Channel | None:
+        channel = self._channels.get(platform)
         if channel is None:
-            logger.warning("%s: %s (its platform is not running)", place, text)
+            return None
+        try:
+            await asyncio.wait_for(channel.connected.wait(), CONNECT_WAIT_SECONDS)
+        except TimeoutError:
+            return None
+        return channel
+
+    async def say(self, place: str, text: str) -> None:
+        """A line in `place`, once its channel is connected."""
+        channel = await self.ready(place)
+        if channel is None:
+            logger.warning("%s: %s (its platform is not running or did not connect)", place, text)
             return
-        await asyncio.wait_for(channel.connected.wait(), CONNECT_WAIT_SECONDS)
         await channel.notify(place, text)
 
     async def _resolve_on(self, platform: str, left: Leftovers) -> None:
-        channel = self._channels.get(platform)
         turns = [each for each in left.turns if platform_of(each.place) == platform]
         undelivered = [each for each in left.undelivered if platform_of(each.place) == platform]
         messages = [each for each in left.messages if each.platform == platform]
+        channel = await self._connected(platform)
         if channel is None:
             logger.warning(
-                "%d interrupted turns and %d unanswered messages on %s, which is not running; "
-                "they stay as they are",
+                "%d interrupted turns and %d unanswered messages on %s, which is not running or "
+                "did not connect; they stay as they are",
                 len(turns),
                 len(messages),
                 platform,
             )
-            return
-        try:
-            await asyncio.wait_for(channel.connected.wait(), CONNECT_WAIT_SECONDS)
-        except TimeoutError:
-            logger.warning("%s did not connect; its interrupted replies stay as they are", platform)
             return
         for unfinished in turns:
             await self._guarded(self._tell(channel, unfinished), f"turn {unfinished.turn.id}")
@@ -165,7 +171,7 @@ class Recovery:
         elif _may_run_again(unfinished):
             self._runner.submit(_again(unfinished))
             logger.info("turn %s in %s: its message is run again", turn.id, place)
-        elif turn.provenance == "schedule":
+        elif turn.provenance == Provenance.SCHEDULE:
             await channel.notify(place, CUT_FIRING)
             logger.info("turn %s in %s: a scheduled run, said to be cut short", turn.id, place)
         else:

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +28,10 @@ from mcp import types as mcp_types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from core.agent.profile import AgentProfile
 from core.agent.tools import Tool
 from core.errors import KaiwaError
+from core.turns.parts import Part
 
 logger = logging.getLogger(__name__)
 
@@ -173,8 +175,9 @@ class McpServer:
         self._restart.set()
 
 
-class McpServers:
-    """Every configured server; the tools an agent's `tools` names among theirs."""
+class McpServers(Part):
+    """Every configured server; a turn part that gives an agent the tools its `mcp` names
+    among theirs, wherever it runs (its conversation's turns and its runs as a sub-agent)."""
 
     def __init__(self, settings: Mapping[str, McpServerSettings]) -> None:
         self.servers = [McpServer(name, each) for name, each in settings.items()]
@@ -188,10 +191,11 @@ class McpServers:
     def names(self) -> set[str]:
         return {server.prefix for server in self.servers}
 
-    def tools_for(self, wanted: Iterable[str]) -> dict[str, Tool]:
-        """The tools named (`server.tool`) or of servers named (`server`) in `wanted`."""
+    def tools_for(self, agent: AgentProfile) -> dict[str, Tool]:
+        """The tools named (`server.tool`) or of servers named (`server`) in the agent's
+        `mcp`."""
         chosen: dict[str, Tool] = {}
-        for name in wanted:
+        for name in agent.mcp:
             for server in self.servers:
                 for tool in server.tools.values():
                     if name in (server.name, server.prefix, tool.name):

@@ -15,11 +15,14 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from core.agent.tools import Tool, ToolContext, calling, tool
+from core.channel import Channel, ChannelMessage
 from core.errors import KaiwaError
 from core.store import Store
 from core.store.tables import Note, utc_now
+from core.text import Command
 
 MEMORY_TOOLS = ("remember", "recall", "forget")
+MEMORY_OFF = "Notes are off ([memory].enabled = false in config.toml)."
 """The names of `memory_tools`, known before a store exists (to check config against)."""
 RECALLED = 20
 """Notes `recall` returns at most, newest first."""
@@ -122,3 +125,31 @@ def memory_tools(memory: Memory) -> list[Tool]:
         return f"Forgot note #{note}."
 
     return [remember, recall, forget]
+
+
+class MemoryCommand:
+    """`/memory` (the notes kept for the person, or the conversation) and `/memory forget ID`."""
+
+    def __init__(self, memory: Memory) -> None:
+        self._memory = memory
+
+    async def __call__(self, message: ChannelMessage, channel: Channel, command: Command) -> None:
+        verb, _, target = command.argument.partition(" ")
+        number = target.strip().removeprefix("#")
+        owner = self._memory.owner(message.platform, message.place, message.author_id)
+        if not verb:
+            answer = await self._listing(owner)
+        elif verb == "forget" and number.isdigit():
+            note = int(number)
+            forgotten = await self._memory.forget(owner, note)
+            answer = f"Forgot note #{note}." if forgotten else f"No note #{note}; see /memory."
+        else:
+            answer = "Usage: /memory, or /memory forget ID (the numbers /memory shows)."
+        await channel.notify(message.place, answer)
+
+    async def _listing(self, owner: str) -> str:
+        notes = await self._memory.recall(owner)
+        whose = "for you" if self._memory.settings.scope == "person" else "in this conversation"
+        if not notes:
+            return f"No notes kept {whose}. Ask me to remember something."
+        return f"Notes kept {whose}, newest first:\n" + "\n".join(map(describe_note, notes))

@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from core.cluster.leases import ClusterSettings, cluster_view, conninfo
-from core.features.schedule.scheduler import ScheduleSettings, When
+from core.features.schedule.timing import ScheduleSettings, When
 from core.store import Store
 from core.store.tables import utc_now
 from tests.databases import postgres_url

@@ -22,11 +22,11 @@ from channels.presses import STOP, payload
 from channels.settings import DiscordSettings, SlackSettings, TelegramSettings
 from channels.slack import SlackChannel, SlackTokens
 from channels.telegram import TelegramChannel
+from core.agent.profile import AgentProfile
 from core.channel import Channel, Reply
 from core.dispatch.dispatcher import Allowed
-from core.features.subagents.delegation import SubagentSettings
+from core.features.subagents.runs import SubagentSettings
 from core.store import Store
-from core.turns.runner import AgentProfile
 from tests.fakes.discord import BOT_TOKEN as DISCORD_BOT_TOKEN
 from tests.fakes.discord import USER_ID as DISCORD_USER_ID
 from tests.fakes.discord import Call as DiscordCall

@@ -13,10 +13,10 @@ from channels.presses import payload
 from core.agent.tools import ToolContext
 from core.channel import Button, Delivery, Frame, Outcome, Reply
 from core.features.approvals.questions import ApprovalSettings
-from core.features.schedule.scheduler import ScheduleSettings, When
+from core.features.schedule.timing import ScheduleSettings, When
 from tests.channels.platforms import ANN, BOB, MALLORY, POOL_SIZE, WITH_HELPERS, Platform, research
 from tests.fakes.ollama import ChunkDelay, Done, Pause, Text, ToolCall
-from workflows.plan import PlanSettings
+from workflows.plan.settings import PlanSettings
 
 SENTENCE = "A paragraph of explanation that goes on for a while. "
 STORM = 20
@@ -268,7 +268,7 @@ async def test_agents_has_a_stop_button_per_running_agent_for_allowed_people_onl
     await platform.wait_until(lambda: platform.told_privately(ANN), "the refusal")
     (refusal,) = platform.told_privately(ANN)
     assert "not allowed" in refusal and str(MALLORY) in refusal
-    apples = platform.bot.runner.subagents.find(place, "a1")
+    apples = platform.bot.subagents.find(place, "a1")
     assert apples is not None and apples.status == "running", "a stranger stops nothing"
 
     platform.press(ANN, stop_apples)
@@ -276,7 +276,7 @@ async def test_agents_has_a_stop_button_per_running_agent_for_allowed_people_onl
     await platform.wait_until(lambda: len(platform.told_privately(ANN)) == 2, "the answer")
     assert platform.told_privately(ANN)[1] == "Stopped find-apples (a1); its report follows."
     assert apples.status == "stopped"
-    pears = platform.bot.runner.subagents.find(place, "a2")
+    pears = platform.bot.subagents.find(place, "a2")
     assert pears is not None and pears.status == "running", "its sibling runs on"
 
     ollama.release("pears")

@@ -19,7 +19,7 @@ from core.agent.tools import ToolContext
 from core.channel import COMMANDS, Button, ChannelMessage, Frame
 from core.dispatch.dispatcher import Allowed
 from core.errors import ChannelError
-from core.features.schedule.scheduler import ScheduleSettings, When
+from core.features.schedule.timing import ScheduleSettings, When
 from tests.channels.platforms import (
     WITH_HELPERS,
     DiscordPlatform,
@@ -345,7 +345,7 @@ async def test_agents_by_slash_command_shows_its_stop_buttons_to_the_asker_alone
 
         fake.button_click(listing.id, stop)
         await fake.wait_until(lambda: len(private(fake, thread)) == 2, what="the stop's answer")
-        apples = discord.bot.runner.subagents.find(place(thread), "a1")
+        apples = discord.bot.subagents.find(place(thread), "a1")
         assert apples is not None
         await apples.finished.wait()
     assert private(fake, thread)[1] == "Stopped find-apples (a1); its report follows."

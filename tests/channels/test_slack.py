@@ -16,7 +16,7 @@ from channels.settings import SlackSettings
 from channels.slack import SlackChannel, SlackTokens
 from core.agent.tools import ToolContext
 from core.errors import ChannelError
-from core.features.schedule.scheduler import ScheduleSettings, When
+from core.features.schedule.timing import ScheduleSettings, When
 from core.store import Store
 from tests.channels.platforms import (
     ANN,

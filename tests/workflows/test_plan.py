@@ -12,15 +12,17 @@ from typing import Any
 
 from core.agent.tools import ToolContext
 from core.channel import Button, Outcome
-from core.dispatch.recovery import leftovers
-from core.features.schedule.scheduler import ScheduleSettings, When
+from core.dispatch.recovery import Recovery, leftovers
+from core.features.schedule.timing import ScheduleSettings, When
 from core.store.tables import Plan
-from core.turns.runner import Provenance, TurnRequest
+from core.turns.turn import Provenance, TurnRequest
 from tests.core.features.test_schedule import Clock
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import ErrorLine, HttpError, Pause, Text, ToolCall
 from tests.harness import PLACE, Bot, BotFactory
-from workflows.plan import CRITIC, RESULT_CRITIC, PlanSettings, progress_text
+from workflows.plan.progress import progress_text
+from workflows.plan.settings import PlanSettings
+from workflows.plan.texts import CRITIC, RESULT_CRITIC
 
 ANSWER_WITHOUT_ASKING = PlanSettings(critic_tools=[])
 OTHER = "test:two"
@@ -591,10 +593,12 @@ async def test_a_plan_a_restart_cut_short_is_marked_interrupted_and_shown_so(
 
     await bot.send("/plan a long job")
     await bot.ollama.reached("working")
-    left = await leftovers(bot.store)  # what the next process reads first, were this one dead
-    await bot.runner.workflows["plan"].show_interrupted(left.plans, {"test": bot.channel})
+    left = await leftovers(bot.store, bot.runner.parts)  # what the next process reads first
+    places = Recovery(bot.store, bot.runner, {"test": bot.channel})
+    for part in left.parts:  # the plan's part alone: this process's turn is still running
+        await part.resume(places)
 
-    (plan,) = left.plans
+    plan = await the_plan(bot)
     assert plan.status == "interrupted"
     assert [s["status"] for s in plan.steps] == ["stopped", "not_run"]
     assert progress(bot).splitlines()[-1] == (

@@ -24,6 +24,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from core.agent.tools import Tool, ToolContext, calling
@@ -31,9 +32,12 @@ from core.channel import Button, Channel, platform_of
 from core.errors import KaiwaError
 from core.store import Store
 from core.store.tables import Approval, utc_now
+from core.text import plural
+from core.turns.parts import Leftover, Part, Places
 
 logger = logging.getLogger(__name__)
 
+WAITED = "Kaiwa stopped while this turn waited for a person to approve {call}"
 CALL_CHARS = 120
 """Characters of a call shown in its question."""
 DECISIONS = {
@@ -91,7 +95,10 @@ def summarize(tool: str, arguments: Mapping[str, Any]) -> str:
     return f"{tool}({shown})"
 
 
-class Approvals:
+class Approvals(Part):
+    """The turn parts' tool guard (`core.turns.parts.ToolGuard`), and a part whose questions
+    outlive a process."""
+
     def __init__(
         self, store: Store, channels: Mapping[str, Channel], settings: ApprovalSettings
     ) -> None:
@@ -290,17 +297,28 @@ class Approvals:
         except Exception as exc:
             logger.warning("approval %s: the question could not be edited: %s", approval.id, exc)
 
-    async def expire_leftovers(self, place: str | None = None) -> int:
+    async def left_over(self, place: str | None) -> Leftover | None:
         """Questions a dead process left pending (in `place`, when given: a cluster's dead
-        worker): marked expired, and edited to say so."""
+        worker): the turns that waited on them stopped for that reason, and each is marked
+        expired, and edited to say so, once its channel is connected."""
         left = await self._store.pending_approvals(place)
+        if not left:
+            return None
+        waited = {a.turn_id: WAITED.format(call=a.call) for a in left if a.turn_id is not None}
+        return Leftover(partial(self._expire, left), waited)
+
+    async def _expire(self, left: list[Approval], places: Places) -> None:
+        expired = 0
         for approval in left:
             assert approval.id is not None
             if await self._store.decide_approval(
                 approval.id, {"status": "expired", "decided_at": utc_now()}
             ):
+                expired += 1
+                await places.ready(approval.place)
                 await self._show(approval, _outcome(approval.call, Answer("expired"), DECISIONS))
-        return len(left)
+        if expired:
+            logger.info("%d unanswered %s marked expired", expired, plural(expired, "question"))
 
 
 def _outcome(call: str, answer: Answer, words: Mapping[str, str]) -> str:

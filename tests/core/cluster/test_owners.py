@@ -20,9 +20,9 @@ from core.agent.tools import ToolContext
 from core.channel import Outcome
 from core.cluster.leases import ClusterSettings, Coordinator
 from core.cluster.owners import preferred
-from core.dispatch.recovery import CUT_FIRING
-from core.features.schedule.scheduler import ScheduleSettings, When
+from core.features.schedule.timing import ScheduleSettings, When
 from core.store import Inbound, Store, TurnStart
+from core.turns.turn import CUT_FIRING
 from tests.databases import QUICK, postgres_schema, postgres_url
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import Pause, Text

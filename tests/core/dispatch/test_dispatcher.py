@@ -6,11 +6,13 @@ import logging
 import pytest
 
 from core.agent.model import ModelClient
+from core.agent.profile import AgentProfile
 from core.channel import ChannelMessage, Outcome
 from core.dispatch.dispatcher import AccessRules, Allowed, Dispatcher
 from core.store import Store
 from core.text import Command, parse_command
-from core.turns.runner import AgentProfile, TurnRunner, TurnSettings
+from core.turns.runner import TurnRunner
+from core.turns.turn import TurnSettings
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import Done, FakeOllama, Pause, Text
 from tests.harness import PLACE, SYSTEM_PROMPT, Bot, BotFactory

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 
 from core.agent.messages import AssistantMessage, ToolCall
 from core.channel import Outcome
-from core.dispatch.recovery import CUT_FIRING, Recovery, leftovers
+from core.dispatch.recovery import Recovery, leftovers
 from core.store import Inbound, Store, TurnStart, TurnState
 from core.store.history import CUT_OFF
+from core.turns.turn import CUT_FIRING
 from tests.fakes.ollama import Pause, Text
 from tests.harness import PLACE, SYSTEM_PROMPT, Bot, BotFactory
 
@@ -49,8 +50,8 @@ async def crashed(
 
 async def restart(make_bot: BotFactory, store: Store) -> Bot:
     """A new process on the same store: leftovers read first, then recovered."""
-    left = await leftovers(store)
     bot = make_bot(bot_store=store)
+    left = await leftovers(store, bot.runner.parts)
     await Recovery(store, bot.runner, {bot.channel.platform: bot.channel}).resolve(left)
     return bot
 
@@ -89,7 +90,9 @@ async def test_a_turn_that_showed_nothing_and_ran_no_tool_is_run_again_once(
 
     bot = make_bot(bot_store=store)
     bot.ollama.script(Text("4."))
-    await Recovery(store, bot.runner, {"test": bot.channel}).resolve(await leftovers(store))
+    await Recovery(store, bot.runner, {"test": bot.channel}).resolve(
+        await leftovers(store, bot.runner.parts)
+    )
 
     (reply,) = await bot.channel.finished()
     assert (reply.outcome, reply.text, reply.reply_to) == (Outcome.DONE, "4.", "m-sum")
@@ -215,7 +218,9 @@ async def test_a_message_recorded_but_never_started_is_answered_after_the_restar
 
     bot = make_bot(bot_store=store)
     bot.ollama.script(Text("Yes."))
-    await Recovery(store, bot.runner, {"test": bot.channel}).resolve(await leftovers(store))
+    await Recovery(store, bot.runner, {"test": bot.channel}).resolve(
+        await leftovers(store, bot.runner.parts)
+    )
 
     (reply,) = await bot.channel.finished()
     assert (reply.text, reply.reply_to) == ("Yes.", "m-late")
@@ -228,9 +233,9 @@ async def test_a_redelivery_that_comes_before_recovery_is_answered_once(
     make_bot: BotFactory, store: Store
 ) -> None:
     await store.claim_inbound(Inbound("test", "m-again", PLACE, "hello?", "ann", "turn"))
-    left = await leftovers(store)
-
     bot = make_bot(bot_store=store)
+    left = await leftovers(store, bot.runner.parts)
+
     bot.ollama.script(Text("Hello."))
     await bot.send("hello?", message_id="m-again")  # Telegram redelivers before recovery runs
     await bot.channel.finished()
@@ -253,7 +258,9 @@ async def test_messages_queued_at_shutdown_are_answered_at_the_next_start(
 
     second = make_bot(bot_store=store)
     second.ollama.script(Text("About the second."))
-    await Recovery(store, second.runner, {"test": second.channel}).resolve(await leftovers(store))
+    await Recovery(store, second.runner, {"test": second.channel}).resolve(
+        await leftovers(store, second.runner.parts)
+    )
 
     (reply,) = await second.channel.finished()
     assert (reply.text, reply.reply_to) == ("About the second.", "q-2")

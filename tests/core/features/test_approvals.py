@@ -6,14 +6,14 @@ ends the wait; a restart expires the question; unattended runs are refused at on
 fake's pauses.
 """
 
+from core.agent.profile import AgentProfile
 from core.agent.tools import ToolContext
 from core.channel import Button
 from core.dispatch.recovery import Recovery, leftovers
 from core.features.approvals.questions import Approvals, ApprovalSettings
-from core.features.schedule.scheduler import ScheduleSettings, When
-from core.features.subagents.delegation import SubagentSettings
+from core.features.schedule.timing import ScheduleSettings, When
+from core.features.subagents.runs import SubagentSettings
 from core.store import Store
-from core.turns.runner import AgentProfile
 from tests.fakes.ollama import Text, ToolCall
 from tests.harness import PLACE, Bot, BotFactory, echo
 
@@ -144,17 +144,16 @@ async def test_a_restart_expires_the_question_left_pending(
     bot = asks(make_bot)
     await bot.send("say hello", author="ann")
     await asked(bot)  # and then the process died
-    left = await leftovers(store)
-    restarted = make_bot(bot_store=store, channel=bot.channel)
+    restarted = make_bot(bot_store=store, channel=bot.channel, approvals=ASK_ECHO)
+    left = await leftovers(store, restarted.runner.parts)
     await Recovery(store, restarted.runner, {"test": bot.channel}).resolve(left)
-    after = Approvals(store, {"test": bot.channel}, ASK_ECHO)
 
     (turn,) = await bot.turns()
     assert (turn.status, turn.error) == (
         "interrupted",
         "Kaiwa stopped while this turn waited for a person to approve echo(hello)",
     )
-    assert await after.expire_leftovers() == 1
+    assert [a.status for a in await store.pending_approvals()] == []
     assert (await store.approval(1)).status == "expired"  # type: ignore[union-attr]
     assert bot.channel.notices_in(PLACE)[0] == (
         "echo(hello): not run; Kaiwa restarted before anyone answered."
@@ -216,7 +215,7 @@ async def test_a_delegation_is_approved_once_before_the_sub_agent_starts(
     )
     await bot.send("/approve 1", author="ann")
     await bot.channel.finished()
-    run = bot.runner.subagents.find(PLACE, "a1")
+    run = bot.subagents.find(PLACE, "a1")
     assert run is not None
     await run.finished.wait()
 
@@ -239,7 +238,7 @@ async def test_a_denied_delegation_launches_nothing(make_bot: BotFactory) -> Non
         "'delegate' failed: ApprovalDenied: apples (researcher) use echo was not allowed: the "
         "person denied it"
     )
-    assert bot.runner.subagents.live(PLACE) == []
+    assert bot.subagents.live(PLACE) == []
 
 
 def test_a_whole_mcp_server_can_be_asked_about(store: Store) -> None:

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from core.agent.profile import AgentProfile
 from core.features.mcp import McpServers, McpServerSettings
-from core.features.subagents.delegation import SubagentSettings
-from core.turns.runner import AgentProfile
+from core.features.subagents.runs import SubagentSettings
 from tests.fakes.ollama import Text, ToolCall
 from tests.harness import PLACE, Bot, BotFactory
 
@@ -51,8 +51,7 @@ async def http_server() -> AsyncIterator[str]:
 
 
 def served(make_bot: BotFactory, servers: McpServers, *names: str) -> Bot:
-    bot = make_bot(mcp=names)
-    bot.runner.serve_mcp(servers)
+    bot = make_bot(mcp=names, servers=servers)
     return bot
 
 
@@ -153,8 +152,8 @@ async def test_a_sub_agents_profile_may_name_a_servers_tools(
         agents={"adder": adder},
         delegates_to=("adder",),
         subagents=SubagentSettings(status_message=False),
+        servers=stdio_servers,
     )
-    bot.runner.serve_mcp(stdio_servers)
     task = {"profile": "adder", "instruction": "sum two and three", "name": "sum"}
     bot.ollama.script(ToolCall("delegate", {"tasks": [task]}))
     bot.ollama.script(Text("Summing."))
@@ -163,7 +162,7 @@ async def test_a_sub_agents_profile_may_name_a_servers_tools(
     bot.ollama.default = [Text("It is 5.")]
     await bot.send("what is 2 + 3? ask a helper")
     await bot.channel.finished()
-    run = bot.runner.subagents.find(PLACE, "a1")
+    run = bot.subagents.find(PLACE, "a1")
     assert run is not None
     await run.finished.wait()
 
@@ -176,8 +175,7 @@ async def test_a_call_that_hangs_is_given_up_at_the_tool_timeout_and_the_server_
     make_bot: BotFactory, stdio_servers: McpServers
 ) -> None:
     (server,) = stdio_servers.servers
-    bot = make_bot(mcp=("fake",), tool_timeout=0.5, tool_grace=0.2)
-    bot.runner.serve_mcp(stdio_servers)
+    bot = make_bot(mcp=("fake",), tool_timeout=0.5, tool_grace=0.2, servers=stdio_servers)
     bot.ollama.script(ToolCall("fake.hang", {}))
     bot.ollama.script(Text("It did not answer."))
     await bot.send("call the slow one")

@@ -16,9 +16,8 @@ import pytest
 
 from core.agent.tools import ToolContext
 from core.channel import Delivery
-from core.features.schedule.scheduler import (
-    RETRY_SECONDS,
-    Scheduler,
+from core.features.schedule.scheduler import RETRY_SECONDS, Scheduler
+from core.features.schedule.timing import (
     ScheduleSettings,
     TaskError,
     When,

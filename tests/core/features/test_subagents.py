@@ -9,11 +9,11 @@ handshakes (the fake's pauses, a run's `finished` event); nothing here sleeps.
 from dataclasses import replace
 from typing import Any
 
+from core.agent.profile import AgentProfile
 from core.channel import Outcome
 from core.dispatch.recovery import Recovery, leftovers
-from core.features.subagents.delegation import RoutingSettings, SubagentSettings, slug
+from core.features.subagents.runs import RoutingSettings, SubagentSettings, slug
 from core.store import RunStart, Store, TurnStart, TurnState
-from core.turns.runner import AgentProfile
 from tests.fakes.ollama import Pause, Text, ToolCall
 from tests.harness import PLACE, Bot, BotFactory, echo
 
@@ -44,7 +44,7 @@ def reports(text: str) -> str:
 
 
 async def finished(bot: Bot, key: str) -> None:
-    run = bot.runner.subagents.find(PLACE, key)
+    run = bot.subagents.find(PLACE, key)
     assert run is not None
     await run.finished.wait()
 
@@ -141,7 +141,7 @@ async def test_agents_lists_stops_one_and_tells_another(make_bot: BotFactory) ->
     assert "find-pears (a2) · researcher · " in listing
     assert told == "find-pears (a2) reads it at its next step."
     assert stopped == "Stopped find-apples (a1); its report follows."
-    apples = bot.runner.subagents.find(PLACE, "a1")
+    apples = bot.subagents.find(PLACE, "a1")
     assert apples is None or apples.status == "stopped"
     told_request = requests_with(bot, "[From the person watching] only count green ones")
     assert told_request, "the message reached the agent at its next step"
@@ -171,7 +171,7 @@ async def test_every_cap_refuses_with_what_to_do_instead(make_bot: BotFactory) -
         in results[1]
     )
     assert "researcher may not use current_time; a task may only narrow" in results[2]
-    assert bot.runner.subagents.live(PLACE) == []
+    assert bot.subagents.live(PLACE) == []
 
 
 async def test_the_process_wide_cap_refuses_too(make_bot: BotFactory) -> None:
@@ -196,7 +196,7 @@ async def test_stop_stops_the_turn_and_every_sub_agent(make_bot: BotFactory) -> 
     await bot.send("what fruit is there?")
     await bot.ollama.reached("parent")
     await bot.ollama.reached("apples")
-    run = bot.runner.subagents.find(PLACE, "a1")
+    run = bot.subagents.find(PLACE, "a1")
     await bot.send("/stop")
     assert run is not None
     await run.finished.wait()
@@ -253,7 +253,8 @@ async def test_a_restart_marks_live_runs_lost_and_delivers_a_finished_report(
 
     bot = parent(make_bot)  # the new process
     bot.ollama.script(Text("The pears are back: 2 kinds."))
-    await Recovery(store, bot.runner, {"test": bot.channel}).resolve(await leftovers(store))
+    left = await leftovers(store, bot.runner.parts)
+    await Recovery(store, bot.runner, {"test": bot.channel}).resolve(left)
     (reply,) = await bot.channel.finished()
     await bot.runner.wait_idle(PLACE)
 
@@ -340,7 +341,7 @@ async def test_stopping_a_sub_agent_stops_the_ones_it_launched(make_bot: BotFact
 
     await bot.send("plan my trip")
     await bot.ollama.reached("trains")
-    planner, trains = bot.runner.subagents.find(PLACE, "a1"), bot.runner.subagents.find(PLACE, "a2")
+    planner, trains = bot.subagents.find(PLACE, "a1"), bot.subagents.find(PLACE, "a2")
     assert planner is not None and trains is not None
     await bot.send("/agents stop plan-a-trip")
     await trains.finished.wait()

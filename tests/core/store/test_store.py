@@ -25,7 +25,7 @@ from core.agent.messages import (
     UsageTotals,
 )
 from core.errors import StoreError
-from core.features.schedule.scheduler import aware
+from core.features.schedule.timing import aware
 from core.store import (
     CompactionRecord,
     Inbound,

@@ -10,10 +10,11 @@ import contextlib
 import pytest
 
 from core.agent.messages import ToolStatus
+from core.agent.profile import AgentProfile
 from core.agent.tools import Tool, tool
 from core.channel import Delivery, Outcome
 from core.store import Store
-from core.turns.runner import AgentProfile, Provenance, TurnRequest
+from core.turns.turn import Provenance, TurnRequest
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import Done, ErrorLine, HttpError, Pause, Text, ToolCall
 from tests.harness import PLACE, SYSTEM_PROMPT, Bot, BotFactory, echo

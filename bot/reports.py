@@ -1,0 +1,125 @@
+"""`kaiwa check` and `kaiwa status`: what an operator asks of Kaiwa without running it.
+
+`check` tries everything a start needs (Ollama and its models, each channel's token, the MCP
+servers) and prints every problem with its fix; `status` reads the store (and, with several
+workers, who is alive and who holds each platform's connection) without starting a channel or
+asking Ollama.
+"""
+
+import sys
+from datetime import datetime
+from typing import TextIO
+
+from bot.adapters import TerminalIO, configured, no_lines
+from bot.checks import find_problems
+from bot.config import Config
+from bot.wiring import turn_settings
+from core.agent.model import ModelClient
+from core.cluster.leases import cluster_view
+from core.errors import ModelError
+from core.features.mcp import McpServers
+from core.features.schedule.timing import describe_tasks
+from core.store import Store
+
+
+async def check(config: Config, output: TextIO = sys.stdout) -> int:
+    """`kaiwa check`: print every problem with its fix; non-zero exit if there is any."""
+    turn_settings(config)
+    model = ModelClient(config.ollama)
+    opened = configured(config, TerminalIO(lines=no_lines()))
+    try:
+        problems = await find_problems(config, model, opened)
+        windows = [] if problems else await context_windows(config, model)
+    finally:
+        await model.close()
+        for adapter in opened:
+            await adapter.close()
+    for problem in problems:
+        output.write(f"problem: {problem}\n")
+    if not problems:
+        models = ", ".join(sorted({agent.model for agent in config.agents.values()}))
+        names = ", ".join(adapter.platform for adapter in opened)
+        output.write(f"ok: Ollama at {config.ollama.url} is reachable and has {models}\n")
+        output.write(f"ok: channels ready: {names or 'none'}\n")
+        output.writelines(f"context window: {line}\n" for line in windows)
+        output.write(f"tasks: {await _tasks_line(config)}\n")
+        output.writelines(f"mcp: {line}\n" for line in await _mcp_lines(config))
+    return 1 if problems else 0
+
+
+async def _mcp_lines(config: Config) -> list[str]:
+    """Each MCP server with its tools, or why it does not start."""
+    servers = McpServers(config.mcp)
+    await servers.start()
+    try:
+        return servers.describe()
+    finally:
+        await servers.close()
+
+
+async def _tasks_line(config: Config) -> str:
+    if not config.schedule.enabled:
+        return "off ([schedule].enabled = false)"
+    store = await Store.open(config.database_url(), config.storage.store_settings())
+    try:
+        return describe_tasks(await store.tasks())
+    finally:
+        await store.close()
+
+
+async def context_windows(config: Config, model: ModelClient) -> list[str]:
+    """Each agent's context window, and where it comes from."""
+    lines = []
+    for name, agent in config.agents.items():
+        if agent.context_window:
+            lines.append(f"{name}: {agent.context_window:,} tokens (agents.{name}.context_window)")
+            continue
+        try:
+            length = await model.context_length(agent.model)
+        except ModelError as exc:
+            length, why = None, f"the model's own length is unknown: {exc}"
+        else:
+            why = f"{agent.model} takes up to {length:,}" if length else "the model does not say"
+        ceiling = config.context.max_window
+        window = config.context.window(0, length)
+        lines.append(f"{name}: {window:,} tokens ({why}; context.max_window is {ceiling:,})")
+    return lines
+
+
+async def status(config: Config, output: TextIO = sys.stdout) -> int:
+    """`kaiwa status`: what the store says, without starting a channel or asking Ollama."""
+    store = await Store.open(config.database_url(), config.storage.store_settings())
+    try:
+        midnight = datetime.now().astimezone().replace(hour=0, minute=0, second=0, microsecond=0)
+        summary = await store.summary(since=midnight)
+        output.write(f"store: {await store.describe()}\n")
+    finally:
+        await store.close()
+    turns = summary.turns
+    counted = sum(turns.values())
+    outcomes = ", ".join(f"{turns[o]} {o}" for o in sorted(turns)) if turns else "none"
+    output.write(
+        f"conversations: {summary.conversations}\n"
+        f"turns today: {counted} ({outcomes})\n"
+        f"tokens today: {summary.prompt_tokens:,} in, {summary.output_tokens:,} out\n"
+    )
+    if config.cluster.enabled:
+        await _cluster_status(config, output)
+    if summary.failures:
+        output.write("last errors:\n")
+    for turn in summary.failures:
+        when = turn.started_at.astimezone().strftime("%Y-%m-%d %H:%M")
+        place = summary.places.get(turn.conversation_id, "?")
+        output.write(f"  {when} {place}: {turn.error or 'failed'}\n")
+    return 0
+
+
+async def _cluster_status(config: Config, output: TextIO) -> None:
+    platforms = ("telegram", "slack", "discord")
+    workers, holders = await cluster_view(
+        config.database_url(), config.cluster, [f"channel:{p}" for p in platforms]
+    )
+    output.write(f"workers: {', '.join(workers) or 'none running'}\n")
+    for platform in platforms:
+        if f"channel:{platform}" in holders:
+            output.write(f"  {platform} connection: held by {holders[f'channel:{platform}']}\n")

@@ -1,0 +1,344 @@
+"""Sub-agents as a part of every turn: runs launched, reported back exactly once, stopped.
+
+Exactly once: a finished report stays `pending` (stored) until a turn of its conversation that
+carried it has stored its records. A turn carries the reports it collected with `agent_wait`,
+or those waiting when it opens (above its message, `Share.carried`); when the conversation is
+idle, a finished run asks for a turn of its own (provenance `subagent`, `TurnParts.carry`) that
+finds its report then, and does nothing if another turn took it meanwhile. A turn that fails
+leaves its reports pending. Claims live in memory; the store keeps the state across restarts.
+
+Stops: `/agents stop` stops one (and its children); `/stop`, `/new` and shutdown stop all of a
+conversation's (or the process's) at once, sharing one grace window. `/new` discards
+undelivered reports. After a restart, runs a dead process left running are `lost` (their
+conversation is told once), and finished reports that never reached their conversation are
+delivered.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
+
+from core.agent.context import ContextSettings
+from core.agent.loop import ChatModel
+from core.agent.profile import AgentProfile
+from core.agent.tools import Tool
+from core.channel import Channel, platform_of
+from core.features.subagents.board import Boards
+from core.features.subagents.delegation import (
+    Tasks,
+    delegate_tool,
+    launched,
+    menu,
+    nested_delegate_tool,
+    profile_for,
+    refusal,
+    wait_tool,
+)
+from core.features.subagents.runs import Claims, Run, SubagentSettings, format_report, slug
+from core.features.subagents.work import Workbench, work
+from core.store import RunStart, Store, not_awaited
+from core.store.tables import SubagentRun
+from core.text import plural
+from core.turns.parts import Leftover, OpenTurn, Part, Places, Share, TurnParts
+from core.turns.turn import Provenance, TurnSettings
+
+logger = logging.getLogger(__name__)
+
+
+class Subagents(Part):
+    def __init__(
+        self,
+        store: Store,
+        model: ChatModel,
+        turns: TurnSettings,
+        settings: SubagentSettings,
+        window: Callable[[AgentProfile], Awaitable[ContextSettings]],
+        parts: TurnParts,
+        channels: Mapping[str, Channel],
+    ) -> None:
+        self._store = store
+        self._profiles = turns
+        self.settings = settings
+        self._parts = parts
+        self._bench = Workbench(
+            store,
+            model,
+            window,
+            parts,
+            turns.tool_timeout,
+            turns.tool_grace,
+            settings.max_iterations,
+        )
+        self._boards = Boards(channels, settings.status_message)
+        self._runs: dict[str, list[Run]] = {}
+
+    # -- a turn's share ------------------------------------------------------------------------
+
+    def joined(self, turn: OpenTurn) -> Share:
+        """Reports no turn has carried yet, above the turn's message; `delegate` and
+        `agent_wait` for an agent that delegates."""
+        place, agent = turn.request.place, turn.agent
+        claims = Claims()
+        carried = [format_report(run) for run in claims.take(self._runs.get(place, []))]
+        tools: dict[str, Tool] = {}
+        if agent.delegates_to:
+            delegating = partial(self._delegate, turn, agent)
+            tools["delegate"] = delegate_tool(menu(self._profiles, agent), delegating)
+            tools["agent_wait"] = wait_tool(partial(self._collect, place, claims))
+        return Share(tools, carried, partial(self._settle, claims))
+
+    def _settle(self, claims: Claims, stored: bool) -> None:
+        """The turn carrying `claims` has ended: its reports are delivered if its records are
+        stored, else they wait for the next turn."""
+        if not claims.runs:
+            return
+        for run in claims.runs:
+            run.claimed = False
+            if stored:
+                run.delivery = "delivered"
+        if stored:
+            ids = [run.row_id for run in claims.runs]
+            not_awaited(self._store.set_delivery(ids, "delivered"), "marking reports delivered")
+        self._forget_delivered(claims.runs[0].place)
+
+    # -- what commands see and do -----------------------------------------------------------------
+
+    def live(self, place: str) -> list[Run]:
+        return list(self._runs.get(place, []))
+
+    def find(self, place: str, wanted: str) -> Run | None:
+        return next((run for run in self._runs.get(place, []) if run.matches(wanted)), None)
+
+    def tell(self, run: Run, text: str) -> bool:
+        """A person's message for a running agent, read at its next step; False if it ended."""
+        if run.status != "running":
+            return False
+        run.inbox.append(text)
+        return True
+
+    async def stop_runs(self, runs: Sequence[Run]) -> None:
+        """Stop `runs`, each reporting what it has, all within one grace window."""
+        workers = [run.worker for run in runs if run.worker is not None and run.status == "running"]
+        for worker in workers:
+            worker.cancel()
+        if workers:
+            await asyncio.wait(workers, timeout=self.settings.stop_grace)
+
+    # -- the part's life -----------------------------------------------------------------------
+
+    async def stop(self, place: str) -> str:
+        running = [run for run in self._runs.get(place, []) if run.status == "running"]
+        await self.stop_runs(running)
+        count = len(running)
+        return (
+            f"Stopped {count} {plural(count, 'sub-agent')}; their reports follow." if count else ""
+        )
+
+    async def forget(self, place: str) -> None:
+        """The conversation's runs stop and their undelivered reports are dropped."""
+        runs = self._runs.pop(place, [])
+        for run in runs:
+            run.delivery = "discarded"
+        await self.stop_runs(runs)
+        ids = [run.row_id for run in runs if run.status != "running"]
+        if ids:
+            not_awaited(self._store.set_delivery(ids, "discarded"), "discarding reports")
+
+    async def shutdown(self) -> None:
+        await self.stop_runs([run for runs in self._runs.values() for run in runs])
+
+    async def left_over(self, place: str | None) -> Leftover | None:
+        lost = await self._store.live_runs(place)
+        undelivered = await self._store.undelivered_reports(place)
+        if not (lost or undelivered):
+            return None
+        return Leftover(partial(self._resume, lost, undelivered))
+
+    async def _resume(
+        self,
+        lost: Sequence[tuple[str, SubagentRun]],
+        undelivered: Sequence[tuple[str, SubagentRun]],
+        places: Places,
+    ) -> None:
+        """Runs a dead process left running are lost (each conversation is told once), and
+        reports that finished without reaching their conversation are delivered."""
+        await self._store.mark_runs_lost([row.id for _, row in lost])
+        for place, row in lost:
+            await places.say(
+                place,
+                f"Sub-agent {row.name} ({row.key}) was lost when Kaiwa restarted; ask again if "
+                "you still need its work.",
+            )
+        for place, row in undelivered:
+            assert row.id is not None
+            platform = platform_of(place)
+            run = Run(row.id, row.key, row.name, row.profile, row.model, row.task, place, platform)
+            run.status, run.report, run.ended = row.status, row.report or "", time.monotonic()
+            run.finished.set()
+            self._runs.setdefault(place, []).append(run)
+            self._carry(run)
+
+    # -- delegating ----------------------------------------------------------------------------
+
+    async def _delegate(self, turn: OpenTurn, parent: AgentProfile, tasks: Tasks) -> str:
+        place = turn.request.place
+        why_not = self._refusal(place, parent, tasks)
+        if why_not:
+            return why_not
+        grants = await self._granted(parent, tasks)
+        conversation_id, turn_id = await turn.ids()
+        runs = await self._launch(
+            place, turn.request.platform, (conversation_id, turn_id), tasks, parent, grants
+        )
+        return launched(runs)
+
+    async def _delegate_nested(self, run: Run, profile: AgentProfile, tasks: Tasks) -> str:
+        """A sub-agent's `delegate`: it waits for the runs it launches and gets their reports
+        itself; if it is stopped meanwhile, they are stopped too."""
+        why_not = self._refusal(run.place, profile, tasks, nested=True)
+        if why_not:
+            return why_not
+        inherited = [run.granted] * len(tasks)  # a run never asks: its children share its grant
+        where = (run.conversation_id, None)
+        children = await self._launch(
+            run.place, run.platform, where, tasks, profile, inherited, run
+        )
+        try:
+            await asyncio.gather(*(child.finished.wait() for child in children))
+        except asyncio.CancelledError:
+            await self.stop_runs(children)
+            raise
+        for child in children:
+            child.delivery = "delivered"
+        ids = [child.row_id for child in children]
+        not_awaited(self._store.set_delivery(ids, "delivered"), "marking reports delivered")
+        return "\n\n".join(format_report(child) for child in children)
+
+    async def _collect(
+        self, place: str, claims: Claims, ids: list[str] | None, timeout_s: float
+    ) -> str:
+        """`agent_wait`: the reports of the runs asked for, waiting up to `timeout_s`."""
+        wanted = [
+            run
+            for run in self._runs.get(place, [])
+            if not ids or any(run.matches(each) for each in ids)
+        ]
+        waiting = [run.finished.wait() for run in wanted if run.status == "running"]
+        if waiting:
+            futures = [asyncio.ensure_future(each) for each in waiting]
+            await asyncio.wait(futures, timeout=max(0.0, timeout_s))
+            for future in futures:
+                future.cancel()
+        parts = [format_report(run) for run in claims.take(wanted)]
+        running = [run.label() for run in wanted if run.status == "running"]
+        if running:
+            parts.append(f"Still running: {', '.join(running)}")
+        return "\n\n".join(parts) or "No sub-agent reports are waiting."
+
+    def _refusal(
+        self, place: str, delegator: AgentProfile, tasks: Tasks, *, nested: bool = False
+    ) -> str | None:
+        everywhere = sum(run.status == "running" for each in self._runs.values() for run in each)
+        here = self._runs.get(place, [])
+        choosing = (self._profiles, delegator)
+        return refusal(
+            self.settings, here, everywhere, tasks, choosing, self._parts.tools_for, nested=nested
+        )
+
+    async def _granted(self, delegator: AgentProfile, tasks: Tasks) -> list[frozenset[str]]:
+        """Ask once, before any starts, for the tools needing approval that these tasks would
+        have; each task's grant. The guard raises when the person says no, and nothing is
+        launched."""
+        guard = self._parts.guard
+        if guard is None:
+            return [frozenset()] * len(tasks)
+        grants, needs = [], []
+        for task in tasks:
+            profile = self._profile(delegator, task["profile"])
+            tools = task.get("tools") or self._parts.tools_for(profile)
+            grant = frozenset(name for name in tools if guard.asks(name))
+            grants.append(grant)
+            if grant:
+                who = f"{task.get('name') or _excerpt(task['instruction'])} ({task['profile']})"
+                needs.append(f"{who} use {', '.join(sorted(grant))}")
+        if needs:
+            await guard.grant("; ".join(needs))
+        return grants
+
+    async def _launch(
+        self,
+        place: str,
+        platform: str,
+        where: tuple[int, int | None],
+        tasks: Tasks,
+        delegator: AgentProfile,
+        grants: Sequence[frozenset[str]],
+        parent: Run | None = None,
+    ) -> list[Run]:
+        """Start a run per task, stored first under the conversation and turn (`where`);
+        `grants`: the tools needing approval each may use."""
+        runs = self._runs.setdefault(place, [])
+        names: list[str] = [run.name for run in runs]
+        specs, routes = [], []
+        for task in tasks:
+            names.append(slug(task.get("name") or task["instruction"], names))
+            chosen = self._profile(delegator, task["profile"])
+            offered = self._parts.tools_for(chosen)
+            tools = [offered[name] for name in task.get("tools") or offered]
+            routed = self.settings.routing.route(task.get("kind", ""), task["instruction"], tools)
+            model, why = routed or (chosen.model, "")
+            routes.append(why)
+            specs.append(RunStart(names[-1], task["profile"], model, task["instruction"]))
+        conversation_id, turn_id = where
+        parent_id = parent.row_id if parent is not None else None
+        stored = await self._store.start_runs(conversation_id, turn_id, specs, parent_id)
+        started = []
+        for spec, task, why, grant, (row_id, key) in zip(
+            specs, tasks, routes, grants, stored, strict=True
+        ):
+            run = Run(row_id, key, spec.name, spec.profile, spec.model, spec.task, place, platform)
+            run.conversation_id, run.parent, run.route = conversation_id, parent, why
+            run.granted = grant
+            profile = replace(self._profile(delegator, spec.profile), model=spec.model)
+            offered = self._parts.tools_for(profile)
+            allowed = set(task.get("tools") or offered)
+            tools = {name: each for name, each in offered.items() if name in allowed}
+            if profile.delegates_to and run.depth() < self.settings.max_depth:
+                nested = partial(self._delegate_nested, run, profile)
+                tools["delegate"] = nested_delegate_tool(menu(self._profiles, profile), nested)
+            self._boards.show(run)
+            run.worker = asyncio.create_task(self._work(run, profile, tools), name=f"{key} {place}")
+            runs.append(run)
+            started.append(run)
+        return started
+
+    def _profile(self, delegator: AgentProfile, name: str) -> AgentProfile:
+        """A profile the refusal checks found: `delegator` may hand tasks to it."""
+        profile = profile_for(self._profiles, delegator, name)
+        assert profile is not None, "delegations are checked before they launch"
+        return profile
+
+    # -- a run's end ---------------------------------------------------------------------------
+
+    async def _work(self, run: Run, profile: AgentProfile, tools: dict[str, Tool]) -> None:
+        await work(run, profile, tools, self._bench)
+        run.finished.set()
+        await self._boards.ended(run)
+        if run.parent is None and run.delivery == "pending" and not run.claimed:
+            self._carry(run)
+
+    def _carry(self, run: Run) -> None:
+        """A turn of the run's conversation carries its report."""
+        self._parts.carry(run.platform, run.place, Provenance.SUBAGENT, "sub-agents")
+
+    def _forget_delivered(self, place: str) -> None:
+        runs = self._runs.get(place, [])
+        runs[:] = [run for run in runs if run.status == "running" or run.delivery == "pending"]
+
+
+def _excerpt(instruction: str) -> str:
+    """The start of a task, as a question names it."""
+    return instruction if len(instruction) <= 40 else instruction[:39] + "…"

@@ -1,0 +1,93 @@
+"""The status message of a conversation's running sub-agents.
+
+While a conversation's sub-agents run, one message there shows each (name, state, elapsed),
+edited no faster than the channel allows (a `FramePump`, as a reply is), and becomes a one-line
+summary when the last one ends. It is not a record: nothing is stored before it is shown, and
+a failing edit is logged, never raised into a run.
+"""
+
+import logging
+import time
+from collections.abc import Mapping
+
+from core.channel import Channel, Frame, Outcome
+from core.features.subagents.runs import Run
+from core.turns.pump import FramePump
+
+logger = logging.getLogger(__name__)
+
+
+class Boards:
+    """One status message per conversation with running sub-agents (`[subagents].
+    status_message`)."""
+
+    def __init__(self, channels: Mapping[str, Channel], enabled: bool) -> None:
+        self._channels = channels
+        self._enabled = enabled
+        self._boards: dict[str, _Board] = {}
+
+    def show(self, run: Run) -> None:
+        """Put `run` on its conversation's message (opened with the first)."""
+        channel = self._channels.get(run.platform)
+        if not self._enabled or channel is None:
+            return
+        board = self._boards.get(run.place)
+        if board is None:
+            board = self._boards[run.place] = _Board(channel, run.place)
+        board.add(run)
+
+    async def ended(self, run: Run) -> None:
+        """`run` ended: its line says so; the last one to end closes the message."""
+        board = self._boards.get(run.place)
+        if board is None:
+            return
+        if board.running():
+            board.poke()
+            return
+        del self._boards[run.place]
+        await board.close()
+
+
+class _Board:
+    def __init__(self, channel: Channel, place: str) -> None:
+        self._runs: list[Run] = []
+        self._reply = channel.open_reply(place, None)
+        self._pump = FramePump(
+            self._reply,
+            self._frame,
+            _nothing_to_save,
+            channel.traits.frame_interval,
+            name=f"sub-agents in {place}",
+        )
+
+    def add(self, run: Run) -> None:
+        self._runs.append(run)
+        run.on_change = self._pump.poke
+        self._pump.poke()
+
+    def poke(self) -> None:
+        self._pump.poke()
+
+    def running(self) -> bool:
+        return any(run.status == "running" for run in self._runs)
+
+    async def close(self) -> None:
+        """The last one ended: the message becomes a one-line summary."""
+        await self._pump.close()
+        ended = ", ".join(f"{run.name} {run.status}" for run in self._runs)
+        try:
+            await self._reply.finish(f"Sub-agents: {ended}.", Outcome.DONE, None)
+        except Exception:
+            logger.exception("the sub-agents' status message could not be finished")
+
+    def _frame(self) -> Frame:
+        now = time.monotonic()
+        lines = [
+            f"· {run.name} ({run.key}) · {run.doing} · {(run.ended or now) - run.started:.0f} s"
+            for run in self._runs
+        ]
+        return Frame("Sub-agents:\n" + "\n".join(lines))
+
+
+async def _nothing_to_save() -> None:
+    """The status message is not a record: nothing to store before showing it."""
