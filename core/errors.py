@@ -2,8 +2,9 @@
 
 Third-party exceptions are mapped to these at exactly one boundary each (the model client maps
 ollama and httpx errors in `core.agent.model`; the store maps SQLAlchemy's where it opens, in
-`core.store`, and where its calls run, in `core.store.dbthread`), with `raise ... from exc`. Every
-message is written for the person reading the conversation: what went wrong, then how to fix it.
+`core.store.engine`, and where its calls run, in `core.store.dbthread`), with
+`raise ... from exc`. Every message is written for the person reading the conversation: what went
+wrong, then how to fix it.
 
     KaiwaError
     ├── ConfigError            a setting is wrong; names the key and the expected type

@@ -1,6 +1,6 @@
 """Alembic environment: runs migrations on the connection the store hands over.
 
-There is no alembic.ini: `core.store.migrate` builds the configuration in code and passes its open
+There is no alembic.ini: `core.store.schema` builds the configuration in code and passes its open
 connection in `config.attributes["connection"]`, so migrations run inside the store's start-up.
 """
 

@@ -1,0 +1,81 @@
+"""Compactions: the summaries that stand for a conversation's older messages in what the model is
+sent.
+
+A compaction is made inside a turn (stored in that turn's own transaction, `record_turn`) or on
+its own (`/compact`, `record_compaction`); both write the same row, so it is built and written
+here once (`_compaction_row`, `_store_compaction`). Reading a conversation (`conversation_of`)
+starts from the latest one (`_latest_compaction_statement`).
+"""
+
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from sqlalchemy import Connection, Executable, bindparam, insert, select
+
+from core.agent.messages import UsageTotals
+from core.store.base import StoreBase
+from core.store.tables import Compaction, utc_now
+from core.store.units import _fit, _of_conversation, _usage_values
+
+
+@dataclass(frozen=True)
+class CompactionRecord:
+    """A compaction to store; `first_kept_turn_id` None means the turn that records it."""
+
+    first_kept_turn_id: int | None
+    first_kept_seq: int
+    summary: str
+    method: str
+    tokens_before: int
+    tokens_after: int
+    usage: UsageTotals = field(default_factory=UsageTotals)
+
+
+class CompactionStore(StoreBase):
+    def record_compaction(
+        self, conversation_id: int, compaction: CompactionRecord
+    ) -> Awaitable[None]:
+        """Store a compaction made outside any turn (`/compact`)."""
+        row = _compaction_row(conversation_id, None, compaction)
+        return self._call(lambda connection: _store_compaction(connection, row))
+
+    def compactions(self, conversation_id: int) -> Awaitable[list[Compaction]]:
+        return self._call(_of_conversation(Compaction, conversation_id), autocommit=True)
+
+
+def _compaction_row(
+    conversation_id: int, turn_id: int | None, compaction: CompactionRecord
+) -> dict[str, Any]:
+    first_kept_turn = compaction.first_kept_turn_id
+    return _fit(
+        Compaction,
+        {
+            "conversation_id": conversation_id,
+            "turn_id": turn_id,
+            "first_kept_turn_id": turn_id if first_kept_turn is None else first_kept_turn,
+            "first_kept_seq": compaction.first_kept_seq,
+            "summary": compaction.summary,
+            "method": compaction.method,
+            "tokens_before": compaction.tokens_before,
+            "tokens_after": compaction.tokens_after,
+            **_usage_values(compaction.usage),
+            "created_at": utc_now(),
+        },
+    )
+
+
+def _store_compaction(connection: Connection, row: dict[str, Any]) -> None:
+    connection.execute(insert(Compaction.__table__), row)  # type: ignore[attr-defined]
+
+
+@cache
+def _latest_compaction_statement() -> Executable:
+    table = Compaction.__table__  # type: ignore[attr-defined]
+    return (
+        select(table)
+        .where(table.c.conversation_id == bindparam("id"))
+        .order_by(table.c.id.desc())
+        .limit(1)
+    )

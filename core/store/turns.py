@@ -1,0 +1,428 @@
+"""Turns and their messages: the rows the turn path writes while a turn runs, what recovery
+reads back of the turns a dead process left, and `kaiwa status`'s figures.
+
+Messages are here with the turns because every message is written as part of a turn (the
+person's with `start_turn`, the rest with `record_turn`, repairs with `close_interrupted`) and is
+keyed by it: its `seq` is its place in the turn.
+
+A turn's common path is three transactions: the message recorded (`claim_inbound`), the turn
+started (`start_turn`: the conversation, its history, the turn and the person's message), and the
+reply with the turn's ending (`record_turn`). Under load, calls of many conversations share one
+transaction (group commit, in `core.store.dbthread`).
+
+A transaction whose COMMIT answer is lost with the connection is run again. Each write is written
+to stay true under that replay: messages are upserted by (turn, seq); a turn's update writes its
+whole mutable state; a claim recognises its own row by its claim token (`core.store.inbox`). Only
+`start_turn` would write a second turn; losing the connection in that instant is the one case
+left.
+"""
+
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+from sqlalchemy import Connection, Executable, bindparam, func, insert, select
+
+from core.agent.messages import (
+    AssistantMessage,
+    Instruction,
+    ToolCall,
+    ToolResult,
+    ToolStatus,
+    UsageTotals,
+)
+from core.store.base import StoreBase
+from core.store.compactions import CompactionRecord, _compaction_row, _store_compaction
+from core.store.conversations import _conversations_in, _open_conversation, _place_statement
+from core.store.dbthread import Unit
+from core.store.history import INTERRUPTED_TOOL, unanswered_calls
+from core.store.tables import Conversation, InboundEvent, Message, Turn, utc_now
+from core.store.units import (
+    _by_id_statement,
+    _dialect_insert,
+    _fit,
+    _insert_statement,
+    _of_conversation,
+    _rows,
+    _updater,
+    _usage_values,
+)
+
+PENDING_DELIVERY = "pending"
+"""A turn's `delivery` between its stored ending and its last edit (`undelivered_turns`)."""
+UNSURE_DELIVERY = "unsure"
+"""The same, for a reply whose first post may be out with its id not yet known: a restart
+cannot edit it, and must not post the answer a second time."""
+INSTRUCTION_AUTHOR = "kaiwa"
+"""The author of the instructions Kaiwa adds to a turn (a workflow's steps), as stored."""
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    place: str
+    agent: str
+    system_prompt: str
+    provenance: str
+    text: str
+    author: str | None = None
+    inbound_event_id: int | None = None
+    conversation_id: int | None = None
+    """The place's conversation (`conversation_of`); None opens a new one, with `agent` and
+    `system_prompt`."""
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class StartedTurn:
+    conversation_id: int
+    turn_id: int
+
+
+@dataclass(frozen=True)
+class TurnState:
+    """Everything about a turn that changes after it starts, written whole every time."""
+
+    status: str = "running"
+    usage: UsageTotals = field(default_factory=UsageTotals)
+    stop_reason: str | None = None
+    error: str | None = None
+    ended_at: datetime | None = None
+    reply_ids: tuple[str, ...] = ()
+    delivery: str | None = None
+    wrapped_up: bool = False
+
+
+TurnMessage = AssistantMessage | ToolResult | Instruction
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A turn a dead process left `running`, with what start-up recovery needs to resolve it."""
+
+    turn: Turn
+    place: str
+    messages: list[Message]
+    """The turn's own messages, in order (the person's first)."""
+    reply_to: str | None
+    """The platform id of the message it answers (None for a turn no person started)."""
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What `kaiwa status` shows: the store's figures, without starting anything."""
+
+    conversations: int
+    turns: dict[str, int]
+    """Turns since the `since` asked for, by outcome."""
+    prompt_tokens: int
+    output_tokens: int
+    failures: list[Turn]
+    """The latest failed turns, newest first."""
+    places: dict[int, str]
+    """The place of each conversation named in `failures`."""
+
+
+class TurnStore(StoreBase):
+    def start_turn(self, start: TurnStart) -> Awaitable[StartedTurn]:
+        """Open a turn (and, if `start` names none, its conversation) and store the message
+        that started it: one transaction."""
+
+        def run(connection: Connection) -> StartedTurn:
+            conversation_id = start.conversation_id
+            if conversation_id is None:
+                opened = _open_conversation(
+                    connection, start.place, start.agent, start.system_prompt
+                )
+                assert opened.id is not None
+                conversation_id = opened.id
+            now = utc_now()
+            turn = {
+                "conversation_id": conversation_id,
+                "inbound_event_id": start.inbound_event_id,
+                "provenance": start.provenance,
+                "attempt": start.attempt,
+                "status": "running",
+                "started_at": now,
+                **_usage_values(UsageTotals()),
+            }
+            turn_id = int(
+                connection.execute(_insert_statement(Turn), _fit(Turn, turn)).scalar_one()
+            )
+            said = _message_defaults(now) | {
+                "conversation_id": conversation_id,
+                "turn_id": turn_id,
+                "seq": 0,
+                "role": "user",
+                "text": start.text,
+                "author": start.author,
+            }
+            said = _fit(Message, said)
+            connection.execute(insert(Message.__table__), said)  # type: ignore[attr-defined]
+            return StartedTurn(conversation_id, turn_id)
+
+        return self._call(run)
+
+    def record_turn(
+        self,
+        conversation_id: int,
+        turn_id: int,
+        *,
+        messages: Sequence[tuple[int, TurnMessage]] = (),
+        state: TurnState | None = None,
+        compaction: CompactionRecord | None = None,
+        durable: bool = False,
+    ) -> Awaitable[None]:
+        """Save the turn's messages (each by its `seq` in the turn, so saving one again
+        replaces it), a compaction made in it, and its state, in one transaction. `durable`:
+        keep trying through an outage for as long as the store is open (a turn's ending must
+        not stay `running`)."""
+        now = utc_now()
+        values = None if state is None else _state_values(state)
+        compacted = (
+            None if compaction is None else _compaction_row(conversation_id, turn_id, compaction)
+        )
+        writes = _turn_writes(
+            self._dialect, conversation_id, turn_id, messages, now, values, compacted
+        )
+        return self._call(writes, key=turn_id, durable=durable)
+
+    def turns(self, conversation_id: int) -> Awaitable[list[Turn]]:
+        return self._call(_of_conversation(Turn, conversation_id), autocommit=True)
+
+    def turn(self, turn_id: int) -> Awaitable[Turn]:
+        def run(connection: Connection) -> Turn:
+            (row,) = _rows(connection, Turn, _by_id_statement(Turn), row_id=turn_id)
+            return row
+
+        return self._call(run, autocommit=True)
+
+    def summary(self, since: datetime, failures: int = 5) -> Awaitable[Summary]:
+        """Conversations in all; turns, tokens since `since`; the latest `failures` failures."""
+        turns = Turn.__table__  # type: ignore[attr-defined]
+        conversations = Conversation.__table__  # type: ignore[attr-defined]
+        recent = turns.c.started_at >= since
+        by_outcome = select(turns.c.status, func.count()).where(recent).group_by(turns.c.status)
+        tokens = select(
+            func.coalesce(func.sum(turns.c.prompt_tokens), 0),
+            func.coalesce(func.sum(turns.c.output_tokens), 0),
+        ).where(recent)
+        failed = (
+            select(turns)
+            .where(turns.c.status == "failed")
+            .order_by(turns.c.id.desc())
+            .limit(failures)
+        )
+
+        def run(connection: Connection) -> Summary:
+            count = connection.execute(select(func.count()).select_from(conversations)).scalar()
+            prompt, output = connection.execute(tokens).one()
+            latest = _rows(connection, Turn, failed)
+            ids = {turn.conversation_id for turn in latest}
+            places = dict(
+                connection.execute(
+                    select(conversations.c.id, conversations.c.place).where(
+                        conversations.c.id.in_(ids)
+                    )
+                ).all()
+            )
+            return Summary(
+                conversations=int(count or 0),
+                turns=dict(connection.execute(by_outcome).all()),
+                prompt_tokens=int(prompt),
+                output_tokens=int(output),
+                failures=latest,
+                places=places,
+            )
+
+        return self._call(run)
+
+    def unfinished_turns(self, place: str | None = None) -> Awaitable[list[Unfinished]]:
+        """Turns left `running` (by a process that died: the caller runs none of them), oldest
+        first, with their messages and place: everywhere, or only `place`'s (a worker taking
+        one place over)."""
+        turns = Turn.__table__  # type: ignore[attr-defined]
+        return self._turns_left(select(turns).where(turns.c.status == "running"), place)
+
+    def undelivered_turns(self, place: str | None = None) -> Awaitable[list[Unfinished]]:
+        """Turns that ended, were stored, and died before their last edit was made (`delivery`
+        still `pending`): the person has not seen how they ended."""
+        turns = Turn.__table__  # type: ignore[attr-defined]
+        statement = select(turns).where(
+            turns.c.status != "running",
+            turns.c.delivery.in_((PENDING_DELIVERY, UNSURE_DELIVERY)),
+        )
+        return self._turns_left(statement, place)
+
+    def _turns_left(self, statement: Any, place: str | None) -> Awaitable[list[Unfinished]]:
+        turns = Turn.__table__  # type: ignore[attr-defined]
+        if place is not None:
+            statement = statement.where(turns.c.conversation_id.in_(_conversations_in(place)))
+
+        def run(connection: Connection) -> list[Unfinished]:
+            left = _rows(connection, Turn, statement)
+            found = []
+            for turn in sorted(left, key=lambda each: each.id or 0):
+                turn_place = connection.execute(
+                    _place_statement(), {"id": turn.conversation_id}
+                ).scalar_one()
+                messages = _rows(connection, Message, _of_turn_statement(), turn_id=turn.id)
+                reply_to = None
+                if turn.inbound_event_id is not None:
+                    reply_to = connection.execute(
+                        _platform_id_statement(), {"id": turn.inbound_event_id}
+                    ).scalar()
+                found.append(Unfinished(turn, turn_place, messages, reply_to))
+            return found
+
+        return self._call(run)
+
+    def mark_delivered(
+        self, turn_id: int, delivery: str, reply_ids: Sequence[str] | None = None
+    ) -> Awaitable[None]:
+        """What the platform shows of an ended turn's reply (and the messages it posted), once
+        its last edit was made: the turn is no longer `undelivered`."""
+        values: dict[str, Any] = {"delivery": delivery}
+        if reply_ids is not None:
+            values["reply_ids"] = list(reply_ids)
+        return self._call(_updater(Turn, turn_id, values), durable=True)
+
+    def close_interrupted(self, unfinished: Unfinished, error: str) -> Awaitable[None]:
+        """End a turn a dead process left running: `interrupted`, with `error`, and a result for
+        each tool call it has none for, so the stored history is well-formed too."""
+        turn = unfinished.turn
+        assert turn.id is not None
+        first = 1 + max((message.seq or 0 for message in unfinished.messages), default=0)
+        now = utc_now()
+        results = list(
+            enumerate(map(_interrupted, unanswered_calls(unfinished.messages)), start=first)
+        )
+        values = {"status": "interrupted", "error": error, "ended_at": now}
+        writes = _turn_writes(
+            self._dialect, turn.conversation_id, turn.id, results, now, values, None
+        )
+        return self._call(writes)
+
+
+def _turn_writes(
+    dialect: str,
+    conversation_id: int,
+    turn_id: int,
+    messages: Sequence[tuple[int, TurnMessage]],
+    now: datetime,
+    values: dict[str, Any] | None,
+    compacted: dict[str, Any] | None,
+) -> Unit[None]:
+    """A turn's messages upserted by `seq` (one statement, however many), then a compaction row
+    made in it, then `values` written to its row: one unit, so one transaction."""
+    rows = [
+        _fit(Message, _message_row(conversation_id, turn_id, seq, message, now))
+        for seq, message in messages
+    ]
+    upsert = _upsert_message_statement(dialect)
+
+    def run(connection: Connection) -> None:
+        if rows:
+            connection.execute(upsert, rows)
+        if compacted is not None:
+            _store_compaction(connection, compacted)
+        if values is not None:
+            _updater(Turn, turn_id, values)(connection)
+
+    return run
+
+
+def _message_row(
+    conversation_id: int, turn_id: int, seq: int, message: TurnMessage, now: datetime
+) -> dict[str, Any]:
+    row = {
+        "conversation_id": conversation_id,
+        "turn_id": turn_id,
+        "seq": seq,
+        **_message_defaults(now),
+    }
+    if isinstance(message, Instruction):
+        return row | {"role": "user", "text": message.text, "author": INSTRUCTION_AUTHOR}
+    if isinstance(message, ToolResult):
+        return row | {
+            "role": "tool",
+            "text": message.content,
+            "tool_name": message.call.name,
+            "tool_call_id": message.call.call_id,
+            "tool_status": message.status.value,
+        }
+    return row | {
+        "role": "assistant",
+        "text": message.text,
+        "thinking": message.thinking,
+        "tool_calls": _calls_json(message) or None,
+        "partial": message.partial,
+        "stopped": message.stopped,
+    }
+
+
+def _message_defaults(now: datetime) -> dict[str, Any]:
+    return {
+        "text": "",
+        "thinking": "",
+        "tool_calls": None,
+        "tool_name": None,
+        "tool_call_id": None,
+        "tool_status": None,
+        "author": None,
+        "partial": False,
+        "stopped": False,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def _state_values(state: TurnState) -> dict[str, Any]:
+    return {
+        "status": state.status,
+        "stop_reason": state.stop_reason,
+        "error": state.error,
+        "ended_at": state.ended_at,
+        "reply_ids": list(state.reply_ids) or None,
+        "delivery": state.delivery,
+        "wrapped_up": state.wrapped_up,
+        **_usage_values(state.usage),
+    }
+
+
+def _calls_json(message: AssistantMessage) -> list[dict[str, Any]]:
+    return [
+        {"id": call.call_id, "name": call.name, "arguments": call.arguments}
+        for call in message.tool_calls
+    ]
+
+
+def _interrupted(call: dict[str, Any]) -> ToolResult:
+    made = ToolCall(call["id"], call["name"], call["arguments"])
+    text = INTERRUPTED_TOOL.format(name=call["name"])
+    return ToolResult(made, text, ToolStatus.INTERRUPTED)
+
+
+@cache
+def _of_turn_statement() -> Executable:
+    table = Message.__table__  # type: ignore[attr-defined]
+    return select(table).where(table.c.turn_id == bindparam("turn_id")).order_by(table.c.id)
+
+
+@cache
+def _platform_id_statement() -> Executable:
+    """The platform's id of the inbox message a turn answers."""
+    table = InboundEvent.__table__  # type: ignore[attr-defined]
+    return select(table.c.platform_message_id).where(table.c.id == bindparam("id"))
+
+
+@cache
+def _upsert_message_statement(dialect: str) -> Executable:
+    table = Message.__table__  # type: ignore[attr-defined]
+    statement = _dialect_insert(dialect)(table)
+    changing = ("text", "thinking", "tool_calls", "tool_status", "partial", "stopped", "updated_at")
+    return statement.on_conflict_do_update(
+        index_elements=["turn_id", "seq"],
+        set_={name: statement.excluded[name] for name in changing},
+    )
