@@ -11,12 +11,9 @@ Its modules, and why each stands alone:
   database; `not_awaited` for calls nobody waits on.
 - `engine.py`: opening the database (`StoreSettings`, `BACKENDS`), once, at start-up.
 - `units.py`: the unit shapes and statements every kind shares, and fitting values to columns.
-- One module per kind of row, with its methods, its statements and its records: `inbox.py`
-  (platform messages as recorded), `conversations.py`, `turns.py` (turns and their messages,
-  with how a turn's common path runs and how each write stays true when a transaction is
-  replayed), `compactions.py`, `subagent_runs.py` (runs and their transcripts), `tasks.py`
-  (scheduled tasks and their runs), `notes.py`, `approvals.py`, `plans.py`, `archive.py`
-  (searching past conversations).
+- `rows/`: one module per kind of row, with its methods, its statements and its records
+  (`rows/turns.py` also says how a turn's common path runs and how each write stays true when a
+  transaction is replayed).
 - `dbthread.py`: the database thread (queueing, group commit, outages); `tables.py`: the
   SQLModel tables; `schema.py` and `migrations/`: creating and upgrading the schema;
   `history.py`: the model-facing history built from stored messages.
@@ -26,13 +23,12 @@ and `core.errors`.
 """
 
 from core.store.base import not_awaited
-from core.store.compactions import CompactionRecord
-from core.store.conversations import StoredConversation
 from core.store.engine import BACKENDS, StoreSettings
-from core.store.inbox import Claim, Inbound
-from core.store.store import Store
-from core.store.subagent_runs import RunStart
-from core.store.turns import (
+from core.store.rows.compactions import CompactionRecord
+from core.store.rows.conversations import StoredConversation
+from core.store.rows.inbox import Claim, Inbound
+from core.store.rows.subagent_runs import RunStart
+from core.store.rows.turns import (
     INSTRUCTION_AUTHOR,
     PENDING_DELIVERY,
     UNSURE_DELIVERY,
@@ -43,6 +39,7 @@ from core.store.turns import (
     TurnState,
     Unfinished,
 )
+from core.store.store import Store
 
 __all__ = [
     "BACKENDS",

@@ -6,16 +6,16 @@ database threads. `Store` only combines them: it adds no method and no state of 
 whatever a caller reaches on it is defined, once, in the module of the rows it touches.
 """
 
-from core.store.approvals import ApprovalStore
-from core.store.archive import ArchiveStore
-from core.store.compactions import CompactionStore
-from core.store.conversations import ConversationStore
-from core.store.inbox import InboxStore
-from core.store.notes import NoteStore
-from core.store.plans import PlanStore
-from core.store.subagent_runs import SubagentRunStore
-from core.store.tasks import TaskStore
-from core.store.turns import TurnStore
+from core.store.rows.approvals import ApprovalStore
+from core.store.rows.archive import ArchiveStore
+from core.store.rows.compactions import CompactionStore
+from core.store.rows.conversations import ConversationStore
+from core.store.rows.inbox import InboxStore
+from core.store.rows.notes import NoteStore
+from core.store.rows.plans import PlanStore
+from core.store.rows.subagent_runs import SubagentRunStore
+from core.store.rows.tasks import TaskStore
+from core.store.rows.turns import TurnStore
 
 
 class Store(

@@ -15,8 +15,8 @@ from sqlalchemy import Connection, Executable, bindparam, func, insert, select
 
 from core.agent.messages import UsageTotals
 from core.store.base import StoreBase
-from core.store.conversations import _conversations_in, _place_statement
 from core.store.dbthread import Unit
+from core.store.rows.conversations import _conversations_in, _place_statement
 from core.store.tables import SubagentMessage, SubagentRun, utc_now
 from core.store.units import (
     _fit,

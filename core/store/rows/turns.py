@@ -12,8 +12,8 @@ transaction (group commit, in `core.store.dbthread`).
 
 A transaction whose COMMIT answer is lost with the connection is run again. Each write is written
 to stay true under that replay: messages are upserted by (turn, seq); a turn's update writes its
-whole mutable state; a claim recognises its own row by its claim token (`core.store.inbox`). Only
-`start_turn` would write a second turn; losing the connection in that instant is the one case
+whole mutable state; a claim recognises its own row by its claim token (`core.store.rows.inbox`).
+Only `start_turn` would write a second turn; losing the connection in that instant is the one case
 left.
 """
 
@@ -34,10 +34,10 @@ from core.agent.messages import (
     UsageTotals,
 )
 from core.store.base import StoreBase
-from core.store.compactions import CompactionRecord, _compaction_row, _store_compaction
-from core.store.conversations import _conversations_in, _open_conversation, _place_statement
 from core.store.dbthread import Unit
 from core.store.history import INTERRUPTED_TOOL, unanswered_calls
+from core.store.rows.compactions import CompactionRecord, _compaction_row, _store_compaction
+from core.store.rows.conversations import _conversations_in, _open_conversation, _place_statement
 from core.store.tables import Conversation, InboundEvent, Message, Turn, utc_now
 from core.store.units import (
     _by_id_statement,

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Executable, bindparam, func, select
 
 from core.store.base import StoreBase
-from core.store.compactions import _latest_compaction_statement
+from core.store.rows.compactions import _latest_compaction_statement
 from core.store.tables import Compaction, Conversation, Message, Turn, utc_now
 from core.store.units import _finding, _inserting, _of_conversation, _rows, _updater
 

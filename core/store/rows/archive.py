@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from core.store.base import StoreBase
+from core.store.rows.turns import INSTRUCTION_AUTHOR
 from core.store.tables import Conversation, Message
-from core.store.turns import INSTRUCTION_AUTHOR
 
 
 class ArchiveStore(StoreBase):

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import Connection, Executable, bindparam, func, or_, select, union, update
 
 from core.store.base import StoreBase
+from core.store.rows.turns import PENDING_DELIVERY, UNSURE_DELIVERY
 from core.store.tables import (
     Conversation,
     InboundEvent,
@@ -27,7 +28,6 @@ from core.store.tables import (
     Turn,
     utc_now,
 )
-from core.store.turns import PENDING_DELIVERY, UNSURE_DELIVERY
 from core.store.units import _changes_one, _fit, _insert_if_new_statement, _reading, _updater
 
 
