@@ -75,7 +75,7 @@ class Features:
 
 
 @dataclass(frozen=True)
-class Kaiwa:
+class Assembly:
     """The assembled turn path and the features a caller may need to reach."""
 
     runner: TurnRunner
@@ -98,7 +98,7 @@ def assemble(
     *,
     max_message_chars: int,
     cluster: Coordinator | None = None,
-) -> Kaiwa:
+) -> Assembly:
     """Build the runner and the dispatcher, and plug every feature in. With `cluster`, the
     conversation owners too (not started: `Owners.start`)."""
     runner = TurnRunner(store, model, channels, settings)
@@ -134,7 +134,7 @@ def assemble(
         commands.add(name, plans)
     for name in ("approve", "edit", "deny"):
         commands.add(name, AnswerCommand(approvals))
-    return Kaiwa(runner, dispatcher, subagents, approvals, planning, scheduler, memory, owners)
+    return Assembly(runner, dispatcher, subagents, approvals, planning, scheduler, memory, owners)
 
 
 def _scheduler(
