@@ -54,7 +54,7 @@ import ollama
 
 from benchmarks import _common as bench  # clears the proxy variables
 from channels.settings import TelegramSettings
-from channels.telegram import PLATFORM, TelegramChannel
+from channels.telegram.channel import PLATFORM, TelegramChannel
 from core.turns.runner import TurnRunner
 from tests.fakes.ollama import BENCHMARK_REPLY
 from tests.fakes.telegram import BOT_TOKEN, Call, FakeTelegram

@@ -46,7 +46,7 @@ def configured(config: Config, terminal: TerminalIO) -> list[Adapter]:
     telegram = config.channels.telegram
     token = os.environ.get(telegram.token_env)
     if telegram.enabled and token:
-        from channels.telegram import TelegramChannel
+        from channels.telegram.channel import TelegramChannel
 
         if not telegram.anyone and not telegram.allowed_users:
             logger.warning(

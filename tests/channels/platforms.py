@@ -21,7 +21,7 @@ from channels.discord import DiscordChannel
 from channels.presses import STOP, payload
 from channels.settings import DiscordSettings, SlackSettings, TelegramSettings
 from channels.slack import SlackChannel, SlackTokens
-from channels.telegram import TelegramChannel
+from channels.telegram.channel import TelegramChannel
 from core.agent.profile import AgentProfile
 from core.channel import Channel, Reply
 from core.dispatch.dispatcher import Allowed

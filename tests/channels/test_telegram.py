@@ -12,7 +12,7 @@ from channels.places import TelegramPlace
 from channels.presses import STOP, payload
 from channels.rendering import PlatformError
 from channels.settings import TelegramSettings
-from channels.telegram import TelegramChannel
+from channels.telegram.channel import TelegramChannel
 from core.channel import COMMANDS, ChannelMessage, Frame, Outcome
 from core.errors import ChannelError
 from core.store import Store

@@ -1,0 +1,104 @@
+"""Telegram updates as `ChannelMessage`s: which messages are for the bot, and their keys.
+
+Updates come in unparsed (`channels.telegram.channel` fetches them so), one at a time here, so
+that one update python-telegram-bot cannot parse fails only itself: `Updates.receive` raises
+`StoreError` alone (the message could not be recorded, and the update is fetched again), and
+anything else wrong with an update is logged in one line with its id (at most one such line every
+few seconds: `ThrottledLog`) and let go, so the update is confirmed and never blocks the ones
+behind it. A message with nothing the bot can read (a sticker, a voice note) is handed over with
+empty text, so the core can say what it takes.
+
+A conversation is a chat: `telegram:<chat_id>`; `/new` starts a fresh one in the same chat. The
+platform id used for deduplication is `<chat_id>:<message_id>` (message ids are per chat), so an
+update Telegram redelivers after a restart (it was never confirmed) is recognised and not
+answered twice. In a private chat every message is for the bot; in a group (when
+`[channels.telegram].groups` is on) only one that mentions it or replies to it.
+"""
+
+import logging
+from typing import Any
+
+from telegram import Bot, Message, MessageEntity, Update
+from telegram.constants import ChatType
+
+from channels.places import TelegramPlace
+from channels.settings import TelegramSettings
+from channels.telegram.interactions import Presses
+from channels.throttled_log import ThrottledLog
+from core.channel import ChannelMessage, Deliver
+from core.errors import StoreError
+
+logger = logging.getLogger(__name__)
+
+
+class Updates:
+    """One bot's updates, each handed to the dispatcher: a message, or a press (`Presses`)."""
+
+    def __init__(self, bot: Bot, settings: TelegramSettings) -> None:
+        self._bot = bot
+        self._settings = settings
+        self._presses = Presses(bot, settings)
+        self._unreadable = ThrottledLog(logger)
+
+    async def receive(self, raw: dict[str, Any], deliver: Deliver) -> None:
+        """Hand one update's message to the dispatcher; raises `StoreError` if it could not be
+        recorded. Anything else wrong with the update is logged, and the update is let go."""
+        try:
+            await self._deliver_update(raw, deliver)
+        except StoreError:
+            raise
+        except Exception as exc:
+            self._unreadable.warning(
+                "Telegram update %s could not be read or handled (%s: %s); skipped",
+                raw.get("update_id"),
+                type(exc).__name__,
+                exc,
+            )
+
+    async def _deliver_update(self, raw: dict[str, Any], deliver: Deliver) -> None:
+        update = Update.de_json(raw, self._bot)
+        if update is not None and update.callback_query is not None:
+            await self._presses.pressed(update.callback_query, deliver)
+            return
+        message = update.effective_message if update is not None else None
+        if message is None or message.from_user is None:
+            return
+        text = self._addressed_text(message)
+        if text is None:
+            return
+        await deliver(
+            ChannelMessage(
+                platform=TelegramPlace.platform,
+                place=TelegramPlace(message.chat_id).key,
+                message_id=f"{message.chat_id}:{message.message_id}",
+                author_id=str(message.from_user.id),
+                author_name=message.from_user.full_name,
+                text=text,
+                images=await self._images(message),
+                redeliverable=True,
+            )
+        )
+
+    def _addressed_text(self, message: Message) -> str | None:
+        """The text meant for the bot, or None when the message is not for it."""
+        text = message.text or message.caption or ""
+        if message.chat.type == ChatType.PRIVATE:
+            return text
+        if not self._settings.groups:
+            return None
+        mention = f"@{self._bot.username}"
+        mentioned = mention in message.parse_entities([MessageEntity.MENTION]).values()
+        replied = message.reply_to_message is not None and (
+            message.reply_to_message.from_user is not None
+            and message.reply_to_message.from_user.id == self._bot.id
+        )
+        if not (mentioned or replied):
+            return None
+        return " ".join(text.replace(mention, " ").split())
+
+    async def _images(self, message: Message) -> tuple[bytes, ...]:
+        if not message.photo:
+            return ()
+        largest = max(message.photo, key=lambda size: size.width * size.height)
+        file = await largest.get_file()
+        return (bytes(await file.download_as_bytearray()),)

@@ -1,0 +1,137 @@
+"""How Telegram shows a reply: `TelegramTransport`, one chat as `channels.rendering` sees it.
+
+Replies are written by `channels.rendering.StreamingReply` through `TelegramTransport`: Markdown
+becomes Telegram HTML, and if Telegram still rejects the entities the same text goes out plain,
+so nothing is lost to a formatting quirk. While a reply streams, its message carries a Stop
+button (an inline keyboard); the final edit leaves the keyboard out, which takes it away.
+
+Telegram's errors are mapped here (`mapped_errors`) and nowhere else, for every call of a reply,
+a notice or a press's answer: 429 → `RateLimited`, "message is not modified" → nothing to do,
+any other refusal or network failure → `PlatformError`, an answer without the message →
+`LostMessage`.
+"""
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+
+from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, ReplyParameters
+from telegram.constants import ChatAction, ParseMode
+from telegram.error import BadRequest, RetryAfter, TelegramError
+
+from channels.formatting import telegram_html, utf16_len
+from channels.presses import fitting, payload
+from channels.rendering import LostMessage, PlatformError, RateLimited
+from core.channel import Button
+
+# python-telegram-bot 22 reports time periods (RetryAfter.retry_after, ...) as ints with a
+# deprecation warning, even from inside its own RetryAfter constructor, unless this opts into the
+# timedelta form its next major version uses.
+os.environ.setdefault("PTB_TIMEDELTA", "true")
+
+logger = logging.getLogger(__name__)
+
+MESSAGE_LIMIT = 4096
+CALLBACK_DATA_LIMIT = 64  # bytes, Telegram's limit on a button's callback data
+
+
+class TelegramTransport:
+    """One Telegram chat as `channels.rendering` sees it."""
+
+    limit = MESSAGE_LIMIT
+    controls = True
+    measure = staticmethod(utf16_len)
+
+    def __init__(self, bot: Bot, chat_id: int, reply_to: int | None) -> None:
+        self._bot = bot
+        self._chat_id = chat_id
+        self._reply_to = reply_to
+
+    async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
+        reply = ReplyParameters(self._reply_to, allow_sending_without_reply=True)
+        with mapped_errors("sendMessage"):
+            try:
+                sent = await self._bot.send_message(
+                    self._chat_id,
+                    telegram_html(text),
+                    parse_mode=ParseMode.HTML,
+                    reply_parameters=reply if self._reply_to else None,
+                    reply_markup=_keyboard(buttons),
+                )
+            except BadRequest as exc:
+                if not _is_parse_error(exc):
+                    raise
+                logger.warning("Telegram rejected the formatting (%s); sending plain text", exc)
+                sent = await self._bot.send_message(
+                    self._chat_id, text, reply_markup=_keyboard(buttons)
+                )
+        self._reply_to = None  # only the first message of a reply answers the person's message
+        return str(sent.message_id)
+
+    async def edit(self, message_id: str, text: str, *, buttons: Sequence[Button] = ()) -> None:
+        with mapped_errors("editMessageText"):
+            try:
+                await self._bot.edit_message_text(
+                    telegram_html(text),
+                    chat_id=self._chat_id,
+                    message_id=int(message_id),
+                    parse_mode=ParseMode.HTML,
+                    reply_markup=_keyboard(buttons),
+                )
+            except BadRequest as exc:
+                if _is_not_modified(exc):
+                    return
+                if not _is_parse_error(exc):
+                    raise
+                logger.warning("Telegram rejected the formatting (%s); editing as plain text", exc)
+                await self._bot.edit_message_text(
+                    text,
+                    chat_id=self._chat_id,
+                    message_id=int(message_id),
+                    reply_markup=_keyboard(buttons),
+                )
+
+    async def delete(self, message_id: str) -> None:
+        with mapped_errors("deleteMessage"):
+            await self._bot.delete_message(self._chat_id, int(message_id))
+
+    async def typing(self) -> None:
+        with mapped_errors("sendChatAction"):
+            await self._bot.send_chat_action(self._chat_id, ChatAction.TYPING)
+
+
+@contextlib.contextmanager
+def mapped_errors(method: str) -> Iterator[None]:
+    try:
+        yield
+    except RetryAfter as exc:
+        raise RateLimited(retry_seconds(exc)) from exc
+    except TelegramError as exc:
+        raise PlatformError(f"Telegram {method} failed: {exc}") from exc
+    except (KeyError, TypeError, ValueError) as exc:  # the library could not read the answer
+        raise LostMessage(f"Telegram answered {method} without a usable message ({exc})") from exc
+
+
+def _keyboard(buttons: Sequence[Button]) -> InlineKeyboardMarkup | None:
+    """The buttons as an inline keyboard, one to a row."""
+    rows = [
+        [InlineKeyboardButton(button.label, callback_data=payload(button))]
+        for button in fitting(buttons, CALLBACK_DATA_LIMIT)
+    ]
+    return InlineKeyboardMarkup(rows) if rows else None
+
+
+def retry_seconds(exc: RetryAfter) -> float:
+    """The wait a 429 asks for, in seconds."""
+    value = exc.retry_after
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def _is_parse_error(exc: BadRequest) -> bool:
+    return "can't parse entities" in exc.message.lower()
+
+
+def _is_not_modified(exc: BadRequest) -> bool:
+    return "message is not modified" in exc.message.lower()
