@@ -81,6 +81,7 @@ from channels.presses import (
     payload,
     pressed_command,
     pressing,
+    without_mention,
 )
 from channels.rendering import (
     LostMessage,
@@ -111,7 +112,6 @@ PLATFORM = DiscordPlace.platform
 MESSAGE_LIMIT = 2000
 THREAD_NAME_LIMIT = 100
 CUSTOM_ID_LIMIT = 100
-COMMAND_WORDS = {name for name, _ in COMMANDS}
 COMMANDS_WITH_WORDS = {
     "agents": "a name or id; stop NAME; tell NAME MESSAGE",
     "tasks": "pause|resume|cancel|run ID",
@@ -719,11 +719,9 @@ class DiscordChannel(ConnectionState):
         own_role = message.guild.self_role if message.guild else None
         ids = [str(me.id)] if me else []
         ids += [str(own_role.id)] if own_role else []
-        mention = re.compile(rf"[ \t]*<@[!&]?(?:{'|'.join(ids)})>[ \t]*")
-        if not ids or not mention.search(text):
+        if not ids:
             return text, False
-        rest = mention.sub(" ", text).strip()
-        return (f"!{rest}" if rest.lower() in COMMAND_WORDS else rest), True
+        return without_mention(text, re.compile(rf"[ \t]*<@[!&]?(?:{'|'.join(ids)})>[ \t]*"))
 
     def _warn_blank(self, message: discord.Message) -> None:
         if not self._warned_blank:

@@ -19,19 +19,25 @@ running sub-agent's in `/agents` is `/agents stop a2`. A button carries its comm
 platform's payload (Discord's custom id, Telegram's callback data, Slack's action id) as
 `kaiwa:` and the command without its slash, so a press on a message posted by an earlier process
 still works, and a payload too long for the platform (`fits`) is never sent.
+
+A command can also be said to the bot where a person addresses it by mentioning it (Slack,
+Discord): a mention followed by a bare command word ("@kaiwa stop") is that command, typed
+(`!stop`). `without_mention` reads it the same way for both.
 """
 
 import asyncio
 import contextlib
 import contextvars
+import re
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from core.channel import Button
+from core.channel import COMMANDS, Button
 
 PAYLOAD_PREFIX = "kaiwa:"
 STOP = Button("Stop", "/stop")
 """The Stop button on a reply being written."""
+COMMAND_WORDS = frozenset(name for name, _ in COMMANDS)
 
 
 def payload(button: Button) -> str:
@@ -91,3 +97,13 @@ async def answered_privately(place: str, text: str, buttons: Sequence[Button] = 
     await press.answer(text, buttons)
     press.answered = True
     return True
+
+
+def without_mention(text: str, mention: re.Pattern[str]) -> tuple[str, bool]:
+    """`text` with the bot's `mention` (the pattern takes the blanks around it) replaced by one
+    space, line breaks kept, and whether there was one. What is left, if it is a bare command
+    word, is that command typed: "@kaiwa stop" is `!stop`."""
+    if not mention.search(text):
+        return text, False
+    rest = mention.sub(" ", text).strip()
+    return (f"!{rest}" if rest.lower() in COMMAND_WORDS else rest), True
