@@ -82,7 +82,7 @@ def _terminal(config: Config, terminal: TerminalIO) -> TerminalChannel:
 
 
 def _slack(settings: SlackSettings) -> Adapter:
-    from channels.slack import SlackChannel, SlackTokens
+    from channels.slack.channel import SlackChannel, SlackTokens
 
     if not settings.anyone and not settings.allowed_users:
         logger.warning(

@@ -20,7 +20,7 @@ import pytest
 from channels.discord import DiscordChannel
 from channels.presses import STOP, payload
 from channels.settings import DiscordSettings, SlackSettings, TelegramSettings
-from channels.slack import SlackChannel, SlackTokens
+from channels.slack.channel import SlackChannel, SlackTokens
 from channels.telegram.channel import TelegramChannel
 from core.agent.profile import AgentProfile
 from core.channel import Channel, Reply

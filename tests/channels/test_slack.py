@@ -13,7 +13,7 @@ import pytest
 from channels.presses import STOP, payload
 from channels.rendering import PlatformError
 from channels.settings import SlackSettings
-from channels.slack import SlackChannel, SlackTokens
+from channels.slack.channel import SlackChannel, SlackTokens
 from core.agent.tools import ToolContext
 from core.errors import ChannelError
 from core.features.schedule.timing import ScheduleSettings, When

@@ -1,0 +1,146 @@
+"""How Slack shows a reply: `SlackTransport`, one thread as `channels.rendering` sees it.
+
+Replies are written by `channels.rendering.StreamingReply` through `SlackTransport`
+(`chat.postMessage`, then `chat.update`), in Slack mrkdwn. While a reply streams, its message is
+Block Kit (`with_buttons`): the text in a section block, then a Stop button (an actions block; the
+buttons under a command's answer, such as each running sub-agent's Stop under `/agents`, go
+there the same way); the final edit sends `blocks=[]`, since Slack keeps a message's blocks when
+an update leaves them out. A section holds 3,000 characters, so a message's piece of the reply is
+measured as the mrkdwn it becomes (escaping lengthens `<`, `>` and `&`).
+
+While nothing is visible yet, a reaction (`working_reaction`) on the person's message says the
+bot is working; it goes away when the reply starts (after the reaction's own request, if that is
+still in flight, so it cannot land after its removal). Slack's errors are mapped here
+(`mapped_errors`) and nowhere else: HTTP 429 or `ratelimited` → `RateLimited`, any other refusal
+or network failure → `PlatformError`, a post answered without its `ts` → `LostMessage` (never the
+text "None" as a message id).
+"""
+
+import asyncio
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import aiohttp
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.formatting import slack_mrkdwn
+from channels.places import SlackPlace
+from channels.presses import fitting, payload
+from channels.rendering import LostMessage, PlatformError, RateLimited
+from core.channel import Button
+
+MESSAGE_LIMIT = 3000  # the text of a section block, which carries a live message's text
+ACTION_ID_LIMIT = 255
+ACTIONS_PER_BLOCK = 25
+
+
+class SlackTransport:
+    """One Slack thread (or top-level DM) as `channels.rendering` sees it."""
+
+    limit = MESSAGE_LIMIT
+    controls = True
+
+    def __init__(
+        self,
+        client: AsyncWebClient,
+        where: SlackPlace,
+        working_on: str | None = None,
+        reaction: str = "",
+    ) -> None:
+        self._client = client
+        self._channel = where.channel
+        self._thread = where.thread_ts
+        self._working_on = working_on
+        self._reaction = reaction
+        self._working = asyncio.Lock()
+        self._reacted = False
+        self._replied = False
+
+    @staticmethod
+    def measure(text: str) -> int:
+        """The length of what Slack is sent for `text` (Markdown becomes mrkdwn)."""
+        return len(slack_mrkdwn(text))
+
+    async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
+        mrkdwn = slack_mrkdwn(text)
+        with mapped_errors("chat.postMessage"):
+            posted = await self._client.chat_postMessage(
+                channel=self._channel,
+                thread_ts=self._thread,
+                text=mrkdwn,
+                blocks=with_buttons(mrkdwn, buttons) if buttons else None,
+            )
+        await self._stop_working()
+        ts = posted.get("ts")
+        if not isinstance(ts, str) or not ts:
+            raise LostMessage("Slack answered chat.postMessage without the message's ts")
+        return ts
+
+    async def edit(self, message_id: str, text: str, *, buttons: Sequence[Button] = ()) -> None:
+        mrkdwn = slack_mrkdwn(text)
+        with mapped_errors("chat.update"):
+            await self._client.chat_update(
+                channel=self._channel,
+                ts=message_id,
+                text=mrkdwn,
+                blocks=with_buttons(mrkdwn, buttons) if buttons else [],  # []: drops them
+            )
+
+    async def delete(self, message_id: str) -> None:
+        with mapped_errors("chat.delete"):
+            await self._client.chat_delete(channel=self._channel, ts=message_id)
+
+    async def typing(self) -> None:
+        """Slack has no typing indicator for bots: a reaction on the person's message instead,
+        put there once and never after the reply has started."""
+        async with self._working:
+            if self._reacted or self._replied or not (self._working_on and self._reaction):
+                return
+            self._reacted = True
+            with contextlib.suppress(SlackApiError):
+                await self._client.reactions_add(
+                    channel=self._channel, timestamp=self._working_on, name=self._reaction
+                )
+
+    async def _stop_working(self) -> None:
+        async with self._working:  # a reaction still on its way is let through, then removed
+            self._replied = True
+            if not self._reacted:
+                return
+            self._reacted = False
+            with contextlib.suppress(SlackApiError):
+                await self._client.reactions_remove(
+                    channel=self._channel, timestamp=self._working_on, name=self._reaction
+                )
+
+
+@contextlib.contextmanager
+def mapped_errors(method: str) -> Iterator[None]:
+    try:
+        yield
+    except SlackApiError as exc:
+        if exc.response.status_code == 429 or exc.response.get("error") == "ratelimited":
+            raise RateLimited(float(exc.response.headers.get("Retry-After", 1))) from exc
+        error = exc.response.get("error", f"HTTP {exc.response.status_code}")
+        raise PlatformError(f"Slack refused {method} ({error})") from exc
+    except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+        raise PlatformError(f"Slack {method} failed: {exc or type(exc).__name__}") from exc
+
+
+def with_buttons(mrkdwn: str, buttons: Sequence[Button]) -> list[dict[str, Any]]:
+    """A message's blocks: its text, then its buttons (each one's action id is its payload)."""
+    elements = [
+        {
+            "type": "button",
+            "text": {"type": "plain_text", "text": button.label[:75]},
+            "action_id": payload(button),
+            "value": button.command,
+        }
+        for button in fitting(buttons, ACTION_ID_LIMIT)[:ACTIONS_PER_BLOCK]
+    ]
+    return [
+        {"type": "section", "text": {"type": "mrkdwn", "text": mrkdwn}},
+        {"type": "actions", "elements": elements},
+    ]
