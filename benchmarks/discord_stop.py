@@ -42,7 +42,7 @@ import time
 import warnings
 
 from benchmarks import _common as bench  # clears the proxy variables
-from channels.discord import DiscordChannel
+from channels.discord.channel import DiscordChannel
 from channels.presses import STOP, payload
 from channels.settings import DiscordSettings
 from tests.fakes.discord import BOT_TOKEN, CHANNEL_ID, FakeDiscord

@@ -98,7 +98,7 @@ def _slack(settings: SlackSettings) -> Adapter:
 
 
 def _discord(settings: DiscordSettings) -> Adapter:
-    from channels.discord import DiscordChannel
+    from channels.discord.channel import DiscordChannel
 
     if not (settings.anyone or settings.allowed_users or settings.allowed_roles):
         logger.warning(

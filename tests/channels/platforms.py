@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from channels.discord import DiscordChannel
+from channels.discord.channel import DiscordChannel
 from channels.presses import STOP, payload
 from channels.settings import DiscordSettings, SlackSettings, TelegramSettings
 from channels.slack.channel import SlackChannel, SlackTokens

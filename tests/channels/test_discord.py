@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from channels.discord import DiscordChannel
+from channels.discord.channel import DiscordChannel
 from channels.presses import STOP, payload
 from channels.rendering import PlatformError
 from channels.settings import DiscordSettings

@@ -1,0 +1,117 @@
+"""How Discord shows a reply: `DiscordTransport`, a place as `channels.rendering` sees it.
+
+Replies are written by `channels.rendering.StreamingReply` through `DiscordTransport`: Markdown
+as is, 2,000 characters a message, a typing indicator until text shows, and a Stop button on a
+message while it is live (`view`). Mentions in the bot's text never ping anyone
+(`AllowedMentions.none`, set on the client). discord.py waits out a 429 itself (it honours
+`retry_after` and the bucket headers); a wait longer than `max_ratelimit_timeout` comes back as
+`discord.RateLimited`, so a reply skips frames instead of hanging for minutes, and a 429 it will
+not wait out (no `Via` header, which it takes for a ban, or still limited after five tries) as a
+plain `HTTPException` 429: both map to `RateLimited`, with the wait from the answer's headers.
+Other refusals map to `PlatformError`, a post answered without a readable message to
+`LostMessage`; all of it here (`_mapped_errors`) and nowhere else.
+"""
+
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+
+import aiohttp
+
+from channels.discord.client import CommandButton
+from channels.discord.library import discord
+from channels.presses import fitting, payload
+from channels.rendering import LostMessage, PlatformError, RateLimited
+from core.channel import Button
+
+MESSAGE_LIMIT = 2000
+CUSTOM_ID_LIMIT = 100
+
+
+class DiscordTransport:
+    """One thread, channel or DM channel as `channels.rendering` sees it. `opening`: what to
+    await before the first call (the thread of a mention, opened on first use); `reply_to`: a
+    message the first post answers."""
+
+    limit = MESSAGE_LIMIT
+    controls = True
+    measure = staticmethod(len)
+
+    def __init__(
+        self,
+        client: discord.Client,
+        channel_id: int,
+        *,
+        opening: Callable[[], Awaitable[None]] | None = None,
+        reply_to: discord.Message | None = None,
+    ) -> None:
+        self._channel = client.get_partial_messageable(channel_id)
+        self._opening = opening
+        self._reply_to = reply_to
+
+    async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
+        await self._opened()
+        reference, self._reply_to = self._reply_to, None
+        with _mapped_errors("a message post"):
+            try:
+                message = await self._channel.send(
+                    text,
+                    view=view(buttons),
+                    reference=reference,  # type: ignore[arg-type]
+                )
+            except (KeyError, TypeError, ValueError) as exc:  # the answer could not be read
+                raise LostMessage(
+                    f"Discord answered a message post without a usable message ({exc!r})"
+                ) from exc
+        return str(message.id)
+
+    async def edit(self, message_id: str, text: str, *, buttons: Sequence[Button] = ()) -> None:
+        await self._opened()
+        message = self._channel.get_partial_message(int(message_id))
+        with _mapped_errors("a message edit"):
+            await message.edit(content=text, view=view(buttons))
+
+    async def delete(self, message_id: str) -> None:
+        await self._opened()
+        with _mapped_errors("a message delete"):
+            await self._channel.get_partial_message(int(message_id)).delete()
+
+    async def typing(self) -> None:
+        await self._opened()
+        with _mapped_errors("the typing indicator"):
+            await self._channel.typing()
+
+    async def _opened(self) -> None:
+        if self._opening is not None:
+            await self._opening()
+
+
+def view(buttons: Sequence[Button]) -> discord.ui.View | None:
+    """The buttons as a message's components (five to a row, as Discord lays them out)."""
+    if not buttons:
+        return None
+    components = discord.ui.View(timeout=None)
+    for button in fitting(buttons, CUSTOM_ID_LIMIT)[:25]:
+        components.add_item(CommandButton(button.label[:80], payload(button)))
+    return components
+
+
+@contextlib.contextmanager
+def _mapped_errors(what: str) -> Iterator[None]:
+    try:
+        yield
+    except discord.RateLimited as exc:
+        raise RateLimited(exc.retry_after) from exc
+    except discord.HTTPException as exc:
+        if exc.status == 429:  # a limit discord.py would not (or no longer) wait out itself
+            raise RateLimited(_retry_after(exc.response.headers)) from exc
+        raise PlatformError(f"Discord refused {what} ({exc.status}: {exc.text})") from exc
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise PlatformError(f"Discord: {what} failed ({exc!r})") from exc
+
+
+def _retry_after(headers: Mapping[str, str]) -> float:
+    """The wait a 429's headers ask for: the bucket's exact reset, else `Retry-After`."""
+    for name in ("X-RateLimit-Reset-After", "Retry-After"):
+        with contextlib.suppress(TypeError, ValueError):
+            return max(0.0, float(headers.get(name)))  # type: ignore[arg-type]
+    return 1.0
