@@ -48,9 +48,12 @@ class OpenTurn:
         self.row: asyncio.Future[StartedTurn] = asyncio.get_running_loop().create_future()
         """Resolved with the turn's row once it is stored (or with why it could not be)."""
 
-    def stored_by(self, writing: Awaitable[StartedTurn]) -> None:
-        """The store call that writes the row: its outcome is the row's."""
-        asyncio.ensure_future(writing).add_done_callback(self._settle)
+    def stored_by(self, writing: Awaitable[StartedTurn]) -> "asyncio.Future[StartedTurn]":
+        """The store call that writes the row: its outcome is the row's. Returns that call's
+        own future, for whoever must act the moment it is done (the recorder's held writes)."""
+        starting = asyncio.ensure_future(writing)
+        starting.add_done_callback(self._settle)
+        return starting
 
     async def ids(self) -> tuple[int, int]:
         """The turn's conversation and turn ids, once its row is stored."""

@@ -68,7 +68,7 @@ from core.agent.loop import ChatModel
 from core.agent.tools import ToolContext, called_from
 from core.channel import Channel, Outcome, Reply
 from core.errors import KaiwaError
-from core.store import Store, not_awaited
+from core.store import StartedTurn, Store, not_awaited
 from core.text import parse_command
 from core.turns.body import CHAT, BodyTurn, TurnBody
 from core.turns.conversations import Conversation, Conversations, LiveTurn
@@ -249,14 +249,14 @@ class TurnRunner:
         text = "\n\n".join([*joined.carried, *([request.text] if request.text else [])])
         # The turn's row is written while the model call begins; the recorder holds any write
         # (and the pump any frame) until it is stored.
-        opened.stored_by(
+        starting = opened.stored_by(
             self._store.start_turn(self.conversations.turn_start(conversation, request, text))
         )
-        opened.row.add_done_callback(lambda row: Conversations.remember(conversation, row))
+        starting.add_done_callback(lambda row: Conversations.remember(conversation, row))
         said = {"role": "user", "content": text}
         sent = {**said, "images": list(request.images)} if request.images else said
         messages.append(sent)
-        body, now = self._open(turn, opened, joined, messages, context)
+        body, now = self._open(turn, opened, starting, joined, messages, context)
         outcome, note, wrapped_up = await self._run_body(turn.body, body, stopped_early)
         turn.finishing = True  # the outcome is decided: a stop from here on changes nothing
         now.pump.halt()  # no frame after the answer is complete; the last edit is the notice's
@@ -267,6 +267,7 @@ class TurnRunner:
         self,
         turn: LiveTurn,
         opened: OpenTurn,
+        starting: "asyncio.Future[StartedTurn]",
         joined: Joined,
         messages: list[dict[str, Any]],
         context: ContextSettings,
@@ -275,7 +276,7 @@ class TurnRunner:
         tools with every part's, each through the guard."""
         request, conversation, agent = turn.request, turn.conversation, opened.agent
         channel = self._channels[request.platform]
-        recorder = TurnRecorder(self._store, opened.row)
+        recorder = TurnRecorder(self._store, starting)
         reply = channel.open_reply(request.place, request.reply_to)
         if request.silent_marker:
             reply = SilentUnlessSaid(reply, request.silent_marker)
