@@ -1,12 +1,14 @@
-"""Wiring: builds every long-lived part from the config, runs the channels, shuts down in order.
+"""`kaiwa run`: starts every long-lived part from the config, runs the channels, shuts down in
+order. What is built comes from bot/wiring.py (the turn path and its features) and
+bot/adapters.py (the channels).
 
 Start and stop are pairs, in reverse order of each other:
-  model client → (checks) → store (what an earlier process left is read) → runner, dispatcher
-  → channels (each supervised: restarted when it fails) → recovery of the leftovers → the
-  scheduler (once the channels are up)
+  model client → (checks) → store → the turn path assembled (what an earlier process left is
+  read, before anything runs) → MCP servers → channels (each supervised: restarted when it
+  fails) → recovery of the leftovers → the scheduler (once the channels are up)
   channels stop reading → the scheduler fires no more → every live turn is stopped and stores
-  its partial state (a firing's too) → store closes (its queued writes first) → model client
-  closes.
+  its partial state (a firing's too) → MCP servers close → store closes (its queued writes
+  first) → model client closes.
 Platform libraries are imported only when their channel is configured, so a terminal-only start
 stays fast.
 """

@@ -32,7 +32,6 @@ from core.features.subagents.delegation import (
     delegate_tool,
     launched,
     menu,
-    nested_delegate_tool,
     profile_for,
     refusal,
     wait_tool,
@@ -308,7 +307,7 @@ class Subagents(Part):
             tools = {name: each for name, each in offered.items() if name in allowed}
             if profile.delegates_to and run.depth() < self.settings.max_depth:
                 nested = partial(self._delegate_nested, run, profile)
-                tools["delegate"] = nested_delegate_tool(menu(self._profiles, profile), nested)
+                tools["delegate"] = delegate_tool(menu(self._profiles, profile), nested, waits=True)
             self._boards.show(run)
             run.worker = asyncio.create_task(self._work(run, profile, tools), name=f"{key} {place}")
             runs.append(run)

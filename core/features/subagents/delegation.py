@@ -82,27 +82,20 @@ def _described(profile: AgentProfile | None) -> str:
     return (profile.description if profile is not None else "") or "no description"
 
 
-def delegate_tool(choosing: str, delegate: Callable[[Tasks], Awaitable[str]]) -> Tool:
-    """The conversation's `delegate`: launches and returns at once (`choosing`: the menu)."""
-    return Tool(
-        name="delegate",
-        description=(
-            "Hand self-contained tasks to sub-agents, which work on their own and report back "
-            f"later. Returns at once with their ids. Profiles: {choosing}."
-        ),
-        function=delegate,
-        parameters=TASKS_SCHEMA,
+def delegate_tool(
+    choosing: str, delegate: Callable[[Tasks], Awaitable[str]], *, waits: bool = False
+) -> Tool:
+    """`delegate` (`choosing`: the menu of profiles): the conversation's agent's returns at once
+    with ids; a sub-agent's (`waits`) waits for the runs it launches and gets their reports."""
+    what = (
+        "Hand self-contained parts of your task to sub-agents and wait for their reports."
+        if waits
+        else "Hand self-contained tasks to sub-agents, which work on their own and report back "
+        "later. Returns at once with their ids."
     )
-
-
-def nested_delegate_tool(choosing: str, delegate: Callable[[Tasks], Awaitable[str]]) -> Tool:
-    """A sub-agent's `delegate`: it waits for the runs it launches and gets their reports."""
     return Tool(
         name="delegate",
-        description=(
-            "Hand self-contained parts of your task to sub-agents and wait for their reports. "
-            f"Profiles: {choosing}."
-        ),
+        description=f"{what} Profiles: {choosing}.",
         function=delegate,
         parameters=TASKS_SCHEMA,
     )
