@@ -2,9 +2,13 @@
 
 Ollama serves `OLLAMA_NUM_PARALLEL` requests at once and queues the rest where nobody can see
 them, so the queue lives here instead (see `core.agent.model`). Unlike a semaphore, this one tells a
-waiter where it stands: `held(on_wait)` calls `on_wait(ahead)` when the request has to wait and
-again each time it moves up, so a person sees "waiting for the model: 2 requests ahead" instead
-of a silent reply. A waiter that is cancelled leaves the queue and is never granted a slot.
+waiter where it stands: `held(on_wait)` calls `on_wait(ahead)` when the request has to wait, and
+again once the count has halved since it was last told (or grown: a person's request went ahead
+of it), so a person sees "waiting for the model: 40 requests ahead", then 20, 10, 5, 2, 1,
+instead of a silent reply. Not every step: each one told is an edit of a message on a platform,
+and with hundreds waiting, one edit per request served would flood the platform and starve the
+very replies they wait for. A waiter that is cancelled leaves the queue and is never granted a
+slot.
 
 Background requests (sub-agents) queue behind every request a person waits for: a person's
 message in one conversation never waits behind another's sub-agents, however many there are.
@@ -14,13 +18,28 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+
+@dataclass(eq=False)
+class _Waiter:
+    granted: "asyncio.Future[None]"
+    on_wait: Callable[[int], None]
+    background: bool
+    told: int = 0
+    """The count of requests ahead it was last told (0: none yet)."""
+
+    def tell(self, ahead: int) -> None:
+        if not self.told or ahead > self.told or ahead <= self.told // 2:
+            self.told = ahead
+            self.on_wait(ahead)
 
 
 class RequestSlots:
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._busy = 0
-        self._waiting: deque[tuple[asyncio.Future[None], Callable[[int], None], bool]] = deque()
+        self._waiting: deque[_Waiter] = deque()
 
     @property
     def waiting(self) -> int:
@@ -47,10 +66,10 @@ class RequestSlots:
 
     async def _wait(self, on_wait: Callable[[int], None], background: bool) -> None:
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (granted, on_wait, background)
+        entry = _Waiter(granted, on_wait, background)
         behind = len(self._waiting)
         if not background:  # ahead of every background request
-            behind = next((i for i, each in enumerate(self._waiting) if each[2]), behind)
+            behind = next((i for i, each in enumerate(self._waiting) if each.background), behind)
         self._waiting.insert(behind, entry)
         self._tell_positions(behind)  # it, and those it went ahead of, hear their place
         try:
@@ -65,7 +84,7 @@ class RequestSlots:
 
     def _release(self) -> None:
         while self._waiting:
-            granted, _, _ = self._waiting.popleft()
+            granted = self._waiting.popleft().granted
             if not granted.done():
                 granted.set_result(None)  # the slot passes straight to the next waiter
                 self._tell_positions()
@@ -74,7 +93,6 @@ class RequestSlots:
 
     def _tell_positions(self, first: int = 0) -> None:
         """Tell each waiter from `first` on how many requests it waits behind (those queued
-        before it, and the one it waits for)."""
+        before it, and the one it waits for), when that is news worth an edit (`_Waiter.tell`)."""
         for index in range(first, len(self._waiting)):
-            _, on_wait, _ = self._waiting[index]
-            on_wait(index + 1)
+            self._waiting[index].tell(index + 1)

@@ -102,3 +102,33 @@ async def test_a_request_a_person_waits_for_goes_ahead_of_background_ones() -> N
 
     assert order == ["busy", "person", "sub-agent"]
     assert person.places == [1] and background.places == [1, 2, 1]
+
+
+async def test_a_waiter_hears_its_place_when_it_has_halved_not_at_every_step() -> None:
+    """Regression: 300 replies waiting each heard every step of the queue, and each step was an
+    edit on the platform: hundreds of edits a second starved the replies they waited for."""
+    slots = RequestSlots(1)
+    held, release = asyncio.Event(), asyncio.Event()
+    last = Told()
+
+    async def holder() -> None:
+        async with slots.held(lambda ahead: None):
+            held.set()
+            await release.wait()
+
+    async def waiter(told: Told | None = None) -> None:
+        async with slots.held(told or (lambda ahead: None)):
+            pass
+
+    holding = asyncio.create_task(holder())
+    await held.wait()
+    seventh = Told()
+    ahead = [asyncio.create_task(waiter()) for _ in range(6)]
+    ahead.append(asyncio.create_task(waiter(seventh)))
+    await seventh.told(1)  # tasks start in order: the six before it are queued too
+    waiting = asyncio.create_task(waiter(last))
+    await last.told(1)
+    release.set()
+    await asyncio.gather(holding, *ahead, waiting)
+
+    assert last.places == [8, 4, 2, 1]
