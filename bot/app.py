@@ -13,9 +13,12 @@ Platform libraries are imported only when their channel is configured, so a term
 stays fast.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from bot import kaiwa_version
 from bot.adapters import Adapter, TerminalIO, configured
@@ -27,15 +30,18 @@ from bot.wiring import access_rules, assemble, features, turn_settings
 from channels.terminal import TerminalChannel
 from core.agent.model import ModelClient
 from core.channel import Channel, Deliver
-from core.cluster.leases import Coordinator, worker_name
+from core.cluster.settings import worker_name
 from core.dispatch.recovery import Leftovers, Recovery, leftovers
 from core.errors import ConfigError, StoreError
-from core.features.mcp import McpServers
+from core.features.mcp.servers import McpServers
 from core.features.schedule.scheduler import Scheduler
 from core.store import Store
 from core.text import plural
 from core.turns.runner import TurnRunner
 from core.turns.turn import TurnSettings
+
+if TYPE_CHECKING:
+    from core.cluster.leases import Coordinator
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +58,7 @@ async def run(
     worker = worker_name(config.cluster) if config.cluster.enabled else ""
     setup_logging(config.logging, config.data_dir, config.secrets(), debug=debug, worker=worker)
     turn_settings(config)  # a config error stops Kaiwa before anything starts
-    cluster = Coordinator(config.database_url(), config.cluster) if worker else None
+    cluster = _coordinator(config) if worker else None
     model = ModelClient(config.ollama)
     adapters = configured(config, terminal)
     if not adapters:
@@ -86,6 +92,13 @@ async def run(
         for adapter in adapters:
             await adapter.close()
         await model.close()
+
+
+def _coordinator(config: Config) -> Coordinator:
+    """The cluster's leases and notifications: PostgreSQL's client loads only for a worker."""
+    from core.cluster.leases import Coordinator
+
+    return Coordinator(config.database_url(), config.cluster)
 
 
 async def _serve(
@@ -227,7 +240,7 @@ async def _once_connected(scheduler: Scheduler | None, adapters: list[Adapter]) 
 
 
 async def _answer_what_was_typed(
-    runner: TurnRunner, terminal: Channel, stop_wait: "asyncio.Task[object]"
+    runner: TurnRunner, terminal: Channel, stop_wait: asyncio.Task[object]
 ) -> None:
     """The terminal's input ended (Ctrl-D, or the end of a pipe): answer what was sent before
     leaving, as `echo hi | kaiwa run` expects; a stop (Ctrl-C) still ends it at once."""

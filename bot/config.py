@@ -44,11 +44,11 @@ from channels.settings import (
 )
 from core.agent.context import ContextPolicy
 from core.agent.model import ModelSettings
-from core.cluster.leases import ClusterSettings
+from core.cluster.settings import ClusterSettings
 from core.errors import ConfigError
 from core.features.approvals.questions import ApprovalSettings
 from core.features.fetch import FetchSettings
-from core.features.mcp import McpServerSettings
+from core.features.mcp.servers import McpServerSettings
 from core.features.memory import SCOPES, MemorySettings
 from core.features.schedule.timing import ScheduleSettings
 from core.features.subagents.runs import SubagentSettings

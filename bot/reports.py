@@ -15,9 +15,8 @@ from bot.checks import find_problems
 from bot.config import Config
 from bot.wiring import turn_settings
 from core.agent.model import ModelClient
-from core.cluster.leases import cluster_view
 from core.errors import ModelError
-from core.features.mcp import McpServers
+from core.features.mcp.servers import McpServers
 from core.features.schedule.timing import describe_tasks
 from core.store import Store
 
@@ -116,6 +115,8 @@ async def status(config: Config, output: TextIO = sys.stdout) -> int:
 
 async def _cluster_status(config: Config, output: TextIO) -> None:
     platforms = ("telegram", "slack", "discord")
+    from core.cluster.leases import cluster_view  # PostgreSQL's client, for a cluster only
+
     workers, holders = await cluster_view(
         config.database_url(), config.cluster, [f"channel:{p}" for p in platforms]
     )

@@ -10,13 +10,18 @@ an adapter costs that channel a restart, not the bot. Two endings are not retrie
   manager to see.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from core.channel import Channel, Deliver
-from core.cluster.leases import Coordinator
 from core.errors import ChannelError
+
+if TYPE_CHECKING:
+    from core.cluster.leases import Coordinator
 
 logger = logging.getLogger(__name__)
 

@@ -10,9 +10,12 @@ those whose rows outlive a process (plans, questions), still resolves what a dea
 benchmarks (benchmarks/_common.py), so what they try and measure is what runs.
 """
 
+from __future__ import annotations
+
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from bot.config import Config
 from channels.places import space_of
@@ -20,8 +23,6 @@ from core.agent.loop import ChatModel
 from core.agent.profile import AgentProfile
 from core.agent.tools import ToolRegistry, builtin_tools
 from core.channel import Channel
-from core.cluster.leases import Coordinator
-from core.cluster.owners import Owners
 from core.dispatch.commands import Answer
 from core.dispatch.dispatcher import AccessRules, Allowed, Dispatcher
 from core.errors import ConfigError
@@ -29,7 +30,7 @@ from core.features.approvals.commands import AnswerCommand
 from core.features.approvals.questions import Approvals, ApprovalSettings
 from core.features.archive import archive_tools
 from core.features.fetch import fetch_tool
-from core.features.mcp import McpServers
+from core.features.mcp.servers import McpServers
 from core.features.memory import (
     MEMORY_OFF,
     MEMORY_TOOLS,
@@ -53,6 +54,10 @@ from core.turns.runner import TurnModel, TurnRunner
 from core.turns.turn import TurnSettings
 from workflows.plan.settings import PlanSettings
 from workflows.plan.workflow import PLANS_OFF, PlansCommand, PlanWorkflow
+
+if TYPE_CHECKING:
+    from core.cluster.leases import Coordinator
+    from core.cluster.owners import Owners
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,7 @@ def assemble(
     if memory is not None:
         parts.add(TurnTools(memory_tools(memory)))
     subagents = _subagents(store, model, runner, channels, features.subagents)
-    owners = Owners(cluster, store, runner, dict(channels)) if cluster is not None else None
+    owners = _owners(cluster, store, runner, channels) if cluster is not None else None
     if owners is not None:
         parts.add(CutFirings(store))
         if scheduler is not None:
@@ -135,6 +140,16 @@ def assemble(
     for name in ("approve", "edit", "deny"):
         commands.add(name, AnswerCommand(approvals))
     return Assembly(runner, dispatcher, subagents, approvals, planning, scheduler, memory, owners)
+
+
+def _owners(
+    cluster: Coordinator, store: Store, runner: TurnRunner, channels: Mapping[str, Channel]
+) -> Owners:
+    """The conversations' owners of one of several workers (PostgreSQL's client loads only for
+    a cluster)."""
+    from core.cluster.owners import Owners
+
+    return Owners(cluster, store, runner, dict(channels))
 
 
 def _scheduler(

@@ -9,14 +9,17 @@ exception carries. The state is plain attributes, since the supervisor sets them
 channel's `run` fails in a way the channel could not describe.
 """
 
+from __future__ import annotations
+
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TypeVar
-
-from aiohttp import web
+from typing import TYPE_CHECKING, TypeVar
 
 from core.errors import ChannelError
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 E = TypeVar("E", bound=Exception)
 
@@ -52,6 +55,8 @@ class ConnectionState:
         connected meanwhile (a platform posting its events: Slack's HTTP mode, Telegram's
         webhook). A port that cannot be had is a `ChannelError` naming `setting`."""
         host, port, path = address
+        from aiohttp import web  # the web server loads only for a platform that posts to it
+
         server = web.Application()
         server.router.add_post(path, handler)
         runner = web.AppRunner(server, access_log=None)

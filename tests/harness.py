@@ -20,7 +20,7 @@ from core.cluster.leases import Coordinator
 from core.cluster.owners import Owners
 from core.dispatch.dispatcher import AccessRules, Allowed, Dispatcher
 from core.features.approvals.questions import ApprovalSettings
-from core.features.mcp import McpServers
+from core.features.mcp.servers import McpServers
 from core.features.memory import MemorySettings
 from core.features.schedule.scheduler import Scheduler
 from core.features.schedule.timing import ScheduleSettings

@@ -25,6 +25,8 @@ cannot be reached; `run` can be called again after it raised.
 Replies and notices go out through `channels.telegram.transport`.
 """
 
+from __future__ import annotations
+
 import asyncio
 import contextlib
 import functools
@@ -32,10 +34,9 @@ import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-from aiohttp import web
 from telegram import Bot, BotCommand, Update
 from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
@@ -55,6 +56,9 @@ from channels.telegram.receiving import Updates
 from channels.telegram.transport import TelegramTransport, retry_seconds
 from core.channel import COMMANDS, Button, ChannelTraits, Deliver, Reply
 from core.errors import ChannelError, StoreError
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +202,8 @@ class TelegramChannel(ConnectionState):
     async def _posted(self, secret: str, deliver: Deliver, request: web.Request) -> web.Response:
         """One update Telegram posted: 200 once recorded, 500 when it could not be (Telegram
         posts it again), 401 without our secret, 400 for a body that is no update."""
+        from aiohttp import web  # loaded with the webhook server (`receiving_posts`)
+
         if request.headers.get("X-Telegram-Bot-Api-Secret-Token", "") != secret:
             return web.Response(status=401)
         try:

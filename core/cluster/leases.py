@@ -19,38 +19,19 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
-import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from sqlalchemy.engine import make_url
 
+from core.cluster.settings import ClusterSettings, worker_name
 from core.errors import ConfigError, StoreError
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 RECONNECT_SECONDS = 1.0
-
-
-@dataclass(frozen=True)
-class ClusterSettings:
-    enabled: bool = False
-    name: str = "kaiwa"
-    """Leases and notifications are this cluster's: workers of one bot share it."""
-    worker_id: str = ""
-    """How this worker is named in logs and `kaiwa status`; empty: `<host>:<pid>`."""
-    failover_seconds: float = 15.0
-    """A dead worker's platform connections and conversations are taken over within this."""
-    idle_seconds: float = 60.0
-    """A worker lets go of a conversation quiet this long, so ownership can move."""
-
-
-def worker_name(settings: ClusterSettings) -> str:
-    return settings.worker_id or f"{socket.gethostname()}:{os.getpid()}"
 
 
 def lock_key(name: str) -> int:

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Annotated
 from urllib.parse import urljoin, urlsplit
 
-import html2text
 import httpx
 
 from core.agent.tools import Tool, tool
@@ -197,6 +196,8 @@ def _described(url: str, response: httpx.Response, body: bytes, cut: bool, max_c
 
 
 def _readable(html: str) -> str:
+    import html2text  # loaded with the first HTML page, not with Kaiwa
+
     converter = html2text.HTML2Text()
     converter.ignore_images = True
     converter.body_width = 0  # no hard wrapping: the model reads lines whole

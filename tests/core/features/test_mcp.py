@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from core.agent.profile import AgentProfile
-from core.features.mcp import McpServers, McpServerSettings
+from core.features.mcp.servers import McpServers, McpServerSettings
 from core.features.subagents.runs import SubagentSettings
 from tests.fakes.ollama import Text, ToolCall
 from tests.harness import PLACE, Bot, BotFactory
