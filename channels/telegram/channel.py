@@ -63,7 +63,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PLATFORM = TelegramPlace.platform
-CONNECTION_POOL_SIZE = 256  # python-telegram-bot's Application default, for many chats at once
+CONNECTION_POOL_SIZE = 32
+"""Connections to the Bot API for every call but the long poll. Telegram takes about 30 messages
+a second from a bot, so more connections than this only wait; and httpcore checks every pooled
+connection each time a request is assigned one (a socket poll each), which with the library's
+default of 256 was a third of Kaiwa's CPU in a 300-chat burst (benchmarks/platform_burst.py)."""
 POLL_PAUSE_SECONDS, MAX_POLL_PAUSE_SECONDS = 1.0, 30.0
 CONFIRM_SECONDS = 5.0  # the wait for Telegram's answer to the confirming call at a stop
 UPDATES = [Update.MESSAGE, Update.CALLBACK_QUERY]
