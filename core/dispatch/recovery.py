@@ -12,7 +12,11 @@ earlier process left (`leftovers`); once a place's channel is connected, each is
     a restart)";
   - else, if it ran no tool and was a first attempt, its message is run again, once (a second
     attempt is never run again: a message that crashes Kaiwa cannot make it crash forever);
-  - else the person is told that the message was not finished and should be sent again.
+  - else the person is told, in their own words, that the message was not finished and should
+    be sent again (a scheduled run: that it was cut short; a turn that carried sub-agents'
+    reports says nothing, as the reports are carried again by a turn of their own).
+  Whatever was said is marked in the store at once, so no later start, and no worker taking the
+  place over, says it again.
 - A message recorded for a turn that never started (a crash between the two, or a shutdown with
   messages queued) is answered, oldest first. It is taken over by its claim first, so a
   redelivery of the same message racing it is answered once (`core.dispatch.dispatcher`).
@@ -148,9 +152,7 @@ class Recovery:
         turn = ended.turn
         assert turn.id is not None
         if turn.delivery == UNSURE_DELIVERY and not turn.reply_ids:
-            await channel.notify(ended.place, _resend(ended))  # an answer may be out already
-            await self._store.mark_delivered(turn.id, Delivery.STALE.value)
-            logger.info("turn %s in %s: the person is asked to send it again", turn.id, ended.place)
+            await self._unknown_post(channel, ended)  # an answer may be out already
             return
         outcome = Outcome(turn.status)
         note = turn.error if outcome is Outcome.FAILED else None
@@ -161,22 +163,38 @@ class Recovery:
 
     async def _tell(self, channel: Channel, unfinished: Unfinished) -> None:
         """Show the person what became of the turn: the reply marked, the message run again,
-        or a request to send it again."""
+        or what they can do. What was said is marked in the store (`mark_delivered`), so the
+        next start, or the next worker taking the place over, does not say it again."""
         turn, place = unfinished.turn, unfinished.place
-        said = _said(unfinished)
+        assert turn.id is not None
         if turn.reply_ids:
             reply = channel.open_reply(place, None, posted=turn.reply_ids)
-            await reply.finish(said, Outcome.INTERRUPTED, None)
+            await reply.finish(_said(unfinished), Outcome.INTERRUPTED, None)
+            await self._store.mark_delivered(turn.id, reply.delivery.value)
             logger.info("turn %s in %s: its reply is marked interrupted", turn.id, place)
         elif _may_run_again(unfinished):
             self._runner.submit(_again(unfinished))
             logger.info("turn %s in %s: its message is run again", turn.id, place)
-        elif turn.provenance == Provenance.SCHEDULE:
+        else:
+            await self._unknown_post(channel, unfinished)
+
+    async def _unknown_post(self, channel: Channel, unfinished: Unfinished) -> None:
+        """A turn that may have posted without its post known, or that cannot run again: said
+        in its place in the person's terms (a sub-agents' report turn says nothing: the reports
+        it carried are carried again, by a turn of their own), then marked as told."""
+        turn, place = unfinished.turn, unfinished.place
+        assert turn.id is not None
+        if turn.provenance == Provenance.SCHEDULE:
             await channel.notify(place, CUT_FIRING)
             logger.info("turn %s in %s: a scheduled run, said to be cut short", turn.id, place)
-        else:
+        elif turn.provenance == Provenance.PERSON:
             await channel.notify(place, _resend(unfinished))
             logger.info("turn %s in %s: the person is asked to send it again", turn.id, place)
+        else:
+            logger.info(
+                "turn %s in %s: cut short; what it carried is carried again", turn.id, place
+            )
+        await self._store.mark_delivered(turn.id, Delivery.STALE.value)
 
     async def _answer(self, message: InboundEvent) -> None:
         assert message.id is not None
@@ -207,8 +225,12 @@ def turn_of(message: InboundEvent) -> TurnRequest:
 
 
 def _resend(unfinished: Unfinished) -> str:
-    asked = _excerpt(unfinished.messages[0].text if unfinished.messages else "")
-    return f"I was restarted before I could finish answering {asked}. Please send it again."
+    asked = unfinished.asked
+    if asked is None:
+        asked = unfinished.messages[0].text if unfinished.messages else ""
+    return (
+        f"I was restarted before I could finish answering {_excerpt(asked)}. Please send it again."
+    )
 
 
 def _may_run_again(unfinished: Unfinished) -> bool:
@@ -236,13 +258,16 @@ def _may_run_again(unfinished: Unfinished) -> bool:
 
 
 def _again(unfinished: Unfinished) -> TurnRequest:
+    """The person's message once more: their own words (reports it carried are carried again
+    by themselves)."""
     first = unfinished.messages[0]
     return TurnRequest(
         platform=platform_of(unfinished.place),
         place=unfinished.place,
-        text=first.text,
+        text=unfinished.asked if unfinished.asked is not None else first.text,
         provenance=Provenance(unfinished.turn.provenance),
         author=first.author,
+        person=unfinished.person,
         reply_to=unfinished.reply_to,
         inbound_event_id=unfinished.turn.inbound_event_id,
         attempt=2,

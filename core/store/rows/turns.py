@@ -107,6 +107,11 @@ class Unfinished:
     """The turn's own messages, in order (the person's first)."""
     reply_to: str | None
     """The platform id of the message it answers (None for a turn no person started)."""
+    asked: str | None = None
+    """That message's text, the person's own words (a turn's first stored message may also
+    carry sub-agents' reports above them)."""
+    person: str | None = None
+    """The platform's id of the person who wrote it."""
 
 
 @dataclass(frozen=True)
@@ -268,12 +273,12 @@ class TurnStore(StoreBase):
                     _place_statement(), {"id": turn.conversation_id}
                 ).scalar_one()
                 messages = _rows(connection, Message, _of_turn_statement(), turn_id=turn.id)
-                reply_to = None
+                reply_to = asked = person = None
                 if turn.inbound_event_id is not None:
-                    reply_to = connection.execute(
-                        _platform_id_statement(), {"id": turn.inbound_event_id}
-                    ).scalar()
-                found.append(Unfinished(turn, turn_place, messages, reply_to))
+                    reply_to, asked, person = connection.execute(
+                        _inbound_statement(), {"id": turn.inbound_event_id}
+                    ).one()
+                found.append(Unfinished(turn, turn_place, messages, reply_to, asked, person))
             return found
 
         return self._call(run)
@@ -411,10 +416,11 @@ def _of_turn_statement() -> Executable:
 
 
 @cache
-def _platform_id_statement() -> Executable:
-    """The platform's id of the inbox message a turn answers."""
+def _inbound_statement() -> Executable:
+    """The platform's id, the text and the author of the inbox message a turn answers."""
     table = InboundEvent.__table__  # type: ignore[attr-defined]
-    return select(table.c.platform_message_id).where(table.c.id == bindparam("id"))
+    columns = (table.c.platform_message_id, table.c.text, table.c.author_id)
+    return select(*columns).where(table.c.id == bindparam("id"))
 
 
 @cache
