@@ -279,7 +279,12 @@ class BenchChannel:
         return reply
 
     def open_reply(
-        self, place: str, reply_to: str | None, posted: Sequence[str] = ()
+        self,
+        place: str,
+        reply_to: str | None,
+        posted: Sequence[str] = (),
+        *,
+        on_post: Any = None,
     ) -> BenchReply:
         reply = self._expected.pop(reply_to, None) if reply_to else None
         return reply or BenchReply(place)

@@ -100,7 +100,12 @@ class TimedChannel(bench.BenchChannel):
         self.replies: list[bench.BenchReply] = []
 
     def open_reply(
-        self, place: str, reply_to: str | None, posted: Sequence[str] = ()
+        self,
+        place: str,
+        reply_to: str | None,
+        posted: Sequence[str] = (),
+        *,
+        on_post: Any = None,
     ) -> bench.BenchReply:
         self.opened[place] = time.perf_counter()
         reply = super().open_reply(place, reply_to, posted)

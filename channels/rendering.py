@@ -47,7 +47,7 @@ from typing import Protocol
 from channels.formatting import split_message
 from channels.presses import STOP
 from channels.settings import PlatformSettings
-from core.channel import Button, Delivery, Frame, Outcome, platform_of
+from core.channel import Button, Delivery, Frame, OnPost, Outcome, platform_of
 
 logger = logging.getLogger(__name__)
 
@@ -157,10 +157,13 @@ class StreamingReply:
         settings: RenderSettings,
         place: str,
         posted: Sequence[str] = (),
+        on_post: OnPost | None = None,
     ) -> None:
         """`place` names the reply in the log; `posted`: messages an earlier process posted for
-        this reply (taken up again, their text unknown, so the final text replaces them)."""
+        this reply (taken up again, their text unknown, so the final text replaces them);
+        `on_post` hears `posted` after each new post (`core.channel.Channel.open_reply`)."""
         self._transport = transport
+        self._on_post = on_post
         self._settings = settings
         self._place = place
         self._shown: list[_Shown] = [_Shown(message_id, "", (STOP,)) for message_id in posted]
@@ -269,6 +272,7 @@ class StreamingReply:
                     exc,
                 )
             self._shown.pop()
+            self._posts_changed()
 
     async def _show(self, pieces: list[str], *, live: bool) -> None:
         """Make the platform show `pieces`: edit what changed, send what is new."""
@@ -286,9 +290,14 @@ class StreamingReply:
                     called = True
                     message_id = await self._transport.send(piece, buttons=buttons)
                     self._shown.append(_Shown(message_id, piece, buttons))
+                    self._posts_changed()
         finally:
             if called:
                 self._keep_quiet(self._settings.min_interval)
+
+    def _posts_changed(self) -> None:
+        if self._on_post is not None:
+            self._on_post(self.posted)
 
     def _status(self, frame: Frame) -> str:
         if frame.activity and self._settings.show_tools:

@@ -32,6 +32,7 @@ from core.channel import (
     Deliver,
     Delivery,
     Frame,
+    OnPost,
     Outcome,
     Reply,
 )
@@ -125,7 +126,14 @@ class TerminalChannel:
     async def close(self) -> None:
         """Nothing to release: the reader thread is a daemon and ends with the process."""
 
-    def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
+    def open_reply(
+        self,
+        place: str,
+        reply_to: str | None,
+        posted: Sequence[str] = (),
+        *,
+        on_post: OnPost | None = None,
+    ) -> Reply:
         """A terminal cannot change what it printed: a reply taken up after a restart starts
         anew below it."""
         return self.console.reply()

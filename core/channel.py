@@ -135,6 +135,9 @@ class Reply(Protocol):
     ) -> None: ...
 
 
+OnPost = Callable[[tuple[str, ...]], None]
+"""Told a reply's posted messages' ids, each time a post adds one (`Channel.open_reply`)."""
+
 Deliver = Callable[[ChannelMessage], Awaitable[None]]
 """Hand a message to the core; returns once it is recorded (and a command in it has answered).
 Raises `core.errors.StoreError` when a `redeliverable` message could not be recorded."""
@@ -169,10 +172,19 @@ class Channel(Protocol):
         """Release the platform connection; called once every turn has sent its last edit."""
         ...
 
-    def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
+    def open_reply(
+        self,
+        place: str,
+        reply_to: str | None,
+        posted: Sequence[str] = (),
+        *,
+        on_post: OnPost | None = None,
+    ) -> Reply:
         """Start a reply in `place`; nothing need be visible until the first frame. `posted`:
         the ids of messages an earlier process posted for this reply (after a restart), which
-        the reply takes up again instead of posting anew."""
+        the reply takes up again instead of posting anew. `on_post` hears the reply's `posted`
+        each time a post adds to it, the moment the platform has answered, so the turn records
+        it before anything else happens (a platform whose messages have no ids never calls)."""
         ...
 
     async def notify(

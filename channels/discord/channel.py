@@ -46,7 +46,7 @@ from channels.rendering import (
 )
 from channels.settings import DiscordSettings
 from channels.throttled_log import ThrottledLog
-from core.channel import Button, ChannelTraits, Deliver, Reply
+from core.channel import Button, ChannelTraits, Deliver, OnPost, Reply
 from core.errors import ChannelError
 
 logger = logging.getLogger(__name__)
@@ -149,9 +149,16 @@ class DiscordChannel(ConnectionState):
                 gateway.cancel()  # it sleeps out a reconnect's backoff: no request in flight
             await asyncio.gather(gateway, return_exceptions=True)
 
-    def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
+    def open_reply(
+        self,
+        place: str,
+        reply_to: str | None,
+        posted: Sequence[str] = (),
+        *,
+        on_post: OnPost | None = None,
+    ) -> Reply:
         transport = self._threads.transport(self._client, place)
-        return StreamingReply(transport, self._render, place, posted)
+        return StreamingReply(transport, self._render, place, posted, on_post)
 
     async def notify(
         self, place: str, text: str, buttons: Sequence[Button] = ()

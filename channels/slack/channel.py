@@ -60,7 +60,7 @@ from channels.slack.receiving import Messages
 from channels.slack.socket_mode import KeptUrl, SocketClient, serve_socket_mode
 from channels.slack.transport import SlackTransport
 from channels.throttled_log import ThrottledLog
-from core.channel import Button, ChannelTraits, Deliver, Reply
+from core.channel import Button, ChannelTraits, Deliver, OnPost, Reply
 from core.errors import ChannelError, StoreError
 
 logger = logging.getLogger(__name__)
@@ -164,12 +164,19 @@ class SlackChannel(ConnectionState):
         """Nothing left open: `run` closes the socket client, and each Web API call opens and
         closes its own session."""
 
-    def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
+    def open_reply(
+        self,
+        place: str,
+        reply_to: str | None,
+        posted: Sequence[str] = (),
+        *,
+        on_post: OnPost | None = None,
+    ) -> Reply:
         working_on = reply_to.split(":", 1)[1] if reply_to else None
         transport = SlackTransport(
             self.web_client, SlackPlace.of(place), working_on, self._settings.working_reaction
         )
-        return StreamingReply(transport, self._render, place, posted)
+        return StreamingReply(transport, self._render, place, posted, on_post)
 
     async def notify(
         self, place: str, text: str, buttons: Sequence[Button] = ()

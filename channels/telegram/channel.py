@@ -54,7 +54,7 @@ from channels.rendering import (
 from channels.settings import TelegramSettings
 from channels.telegram.receiving import Updates
 from channels.telegram.transport import TelegramTransport, retry_seconds
-from core.channel import COMMANDS, Button, ChannelTraits, Deliver, Reply
+from core.channel import COMMANDS, Button, ChannelTraits, Deliver, OnPost, Reply
 from core.errors import ChannelError, StoreError
 
 if TYPE_CHECKING:
@@ -145,10 +145,17 @@ class TelegramChannel(ConnectionState):
         if self._fetch is not None:
             await asyncio.gather(self._fetch, return_exceptions=True)
 
-    def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> Reply:
+    def open_reply(
+        self,
+        place: str,
+        reply_to: str | None,
+        posted: Sequence[str] = (),
+        *,
+        on_post: OnPost | None = None,
+    ) -> Reply:
         message_id = int(reply_to.rsplit(":", 1)[1]) if reply_to else None
         transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, message_id)
-        return StreamingReply(transport, self._render, place, posted)
+        return StreamingReply(transport, self._render, place, posted, on_post)
 
     async def notify(
         self, place: str, text: str, buttons: Sequence[Button] = ()

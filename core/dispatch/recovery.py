@@ -36,8 +36,8 @@ import logging
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 
-from core.channel import Channel, Delivery, Outcome, platform_of
-from core.store import UNSURE_DELIVERY, Store, Unfinished
+from core.channel import Channel, Delivery, OnPost, Outcome, platform_of
+from core.store import UNSURE_DELIVERY, Store, Unfinished, not_awaited
 from core.store.tables import InboundEvent
 from core.turns.parts import Leftover, TurnParts
 from core.turns.runner import TurnRunner
@@ -156,7 +156,9 @@ class Recovery:
             return
         outcome = Outcome(turn.status)
         note = turn.error if outcome is Outcome.FAILED else None
-        reply = channel.open_reply(ended.place, ended.reply_to, posted=turn.reply_ids or ())
+        reply = channel.open_reply(
+            ended.place, ended.reply_to, turn.reply_ids or (), on_post=self._recorder(turn.id)
+        )
         await reply.finish(_said(ended), outcome, note)
         await self._store.mark_delivered(turn.id, reply.delivery.value)
         logger.info("turn %s in %s: its ending is shown now", turn.id, ended.place)
@@ -168,7 +170,7 @@ class Recovery:
         turn, place = unfinished.turn, unfinished.place
         assert turn.id is not None
         if turn.reply_ids:
-            reply = channel.open_reply(place, None, posted=turn.reply_ids)
+            reply = channel.open_reply(place, None, turn.reply_ids, on_post=self._recorder(turn.id))
             await reply.finish(_said(unfinished), Outcome.INTERRUPTED, None)
             await self._store.mark_delivered(turn.id, reply.delivery.value)
             logger.info("turn %s in %s: its reply is marked interrupted", turn.id, place)
@@ -195,6 +197,15 @@ class Recovery:
                 "turn %s in %s: cut short; what it carried is carried again", turn.id, place
             )
         await self._store.mark_delivered(turn.id, Delivery.STALE.value)
+
+    def _recorder(self, turn_id: int) -> OnPost:
+        """Records the posts a reply taken up adds, as a turn does (a kill before the ending is
+        marked finds them, and edits them instead of posting again)."""
+
+        def record(posted: tuple[str, ...]) -> None:
+            not_awaited(self._store.record_posts(turn_id, posted), "recording a reply's posts")
+
+        return record
 
     async def _answer(self, message: InboundEvent) -> None:
         assert message.id is not None

@@ -28,12 +28,8 @@ class FramePump:
         interval: float,
         *,
         name: str,
-        shown: Callable[[], None] = lambda: None,
     ) -> None:
-        """`shown` is called after each frame the reply took (the turn records the messages
-        the reply posted)."""
         self._reply = reply
-        self._shown = shown
         self._frame = frame
         self._save = save
         self._interval = interval
@@ -77,7 +73,6 @@ class FramePump:
             try:
                 await asyncio.shield(self._showing)
                 self.shown_text = frame.text
-                self._shown()
             except Exception:
                 logger.exception("showing the partial reply failed; the reply goes on")
             self._showing = None

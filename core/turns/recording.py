@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from core.agent.loop import LoopSink
 from core.agent.messages import (
@@ -184,10 +185,15 @@ class TurnRecorder(LoopSink):
         return asyncio.ensure_future(self.flushed())
 
     def note_posted(self, posted: tuple[str, ...]) -> None:
-        """The reply has posted these messages: record their ids (a restart finds them)."""
-        if posted != self._reply_ids:
-            self._reply_ids = posted
-            self._write([], state=self._state())
+        """The reply has posted these messages: their ids are queued for the store at once (in
+        order with the turn's other writes), so the window in which a restart cannot tell whether
+        a post is out is the platform's round trip alone; a restart finds them and edits them."""
+        if posted == self._reply_ids or self._unsaved:
+            return
+        self._reply_ids = posted
+        if self._ending is not None:  # the final text's posts: the ending now knows them
+            self._ending = replace(self._ending, reply_ids=posted, delivery=PENDING_DELIVERY)
+        self._write([], state=self._ending or self._state())
 
     def finish(
         self, status: str, stop_reason: str | None, error: str | None, *, wrapped_up: bool = False

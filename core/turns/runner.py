@@ -277,7 +277,7 @@ class TurnRunner:
         request, conversation, agent = turn.request, turn.conversation, opened.agent
         channel = self._channels[request.platform]
         recorder = TurnRecorder(self._store, starting)
-        reply = channel.open_reply(request.place, request.reply_to)
+        reply = channel.open_reply(request.place, request.reply_to, on_post=recorder.note_posted)
         if request.silent_marker:
             reply = SilentUnlessSaid(reply, request.silent_marker)
         pump = FramePump(
@@ -286,7 +286,6 @@ class TurnRunner:
             recorder.save_partial,
             channel.traits.frame_interval,
             name=f"frames {request.place}",
-            shown=lambda: recorder.note_posted(reply.posted),
         )
         recorder.on_change = pump.poke
         settings = self.settings

@@ -181,6 +181,40 @@ async def test_a_please_send_it_again_notice_is_not_repeated_at_every_later_star
     )
 
 
+async def test_a_kill_after_the_answer_was_posted_shows_it_rather_than_asking_again(
+    ollama: FakeOllama, tmp_path: Path, database_url: str
+) -> None:
+    """The bug: a post's id was stored only with the final delivery mark, after the last edit,
+    so a kill once the whole answer was out asked the person to send their message again. Now
+    each id is stored as the platform returns it: the restart finds both posts and ends the
+    reply on them. The last edit is held back by a typing request the fake never answers."""
+    env = {"KAIWA_TELEGRAM_TOKEN": BOT_TOKEN, "KAIWA_DATABASE_URL": database_url}
+    answer = " ".join(f"word{n}" for n in range(900))  # past Telegram's 4096: two messages
+    async with FakeTelegram() as telegram:
+        config = telegram_config(tmp_path, ollama, telegram)
+        ollama.script(Text(answer))
+        telegram.holds.hold("sendchataction", lambda params: lambda: False)
+        first = await kaiwa("--config", str(config), "run", env=env)
+        telegram.user_message(ANN, "tell me everything", user_id=ANN)
+        await stored(
+            database_url,
+            "SELECT status, delivery, reply_ids FROM turns",
+            lambda rows: [(r[0], r[1], len(ids(r[2]))) for r in rows] == [("done", "pending", 2)],
+        )
+        first.send_signal(signal.SIGKILL)
+        await first.wait()
+        telegram.holds.release("sendchataction")
+
+        second = await kaiwa("--config", str(config), "run", env=env)
+        await logged(tmp_path, "its ending is shown now")
+        second.send_signal(signal.SIGTERM)
+        code, _, err = await finish(second)
+
+    assert code == 0, err
+    assert " ".join(visible(telegram)).split() == answer.split()
+    assert not any(RESEND in each for each in visible(telegram))
+
+
 def delegating_config(tmp_path: Path, ollama: FakeOllama, telegram: FakeTelegram) -> Path:
     config = telegram_config(tmp_path, ollama, telegram)
     config.write_text(

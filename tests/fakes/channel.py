@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from core.channel import Button, ChannelTraits, Deliver, Delivery, Frame, Outcome
+from core.channel import Button, ChannelTraits, Deliver, Delivery, Frame, OnPost, Outcome
 from tests.fakes.changes import Changes
 
 WAIT_SECONDS = 5.0
@@ -80,10 +80,17 @@ class RecordingChannel:
     async def close(self) -> None:
         pass
 
-    def open_reply(self, place: str, reply_to: str | None, posted: Sequence[str] = ()) -> "_Reply":
+    def open_reply(
+        self,
+        place: str,
+        reply_to: str | None,
+        posted: Sequence[str] = (),
+        *,
+        on_post: OnPost | None = None,
+    ) -> "_Reply":
         recorded = RecordedReply(place, reply_to, taken_up=tuple(posted))
         self.replies.append(recorded)
-        return _Reply(self, recorded)
+        return _Reply(self, recorded, on_post)
 
     async def notify(
         self, place: str, text: str, buttons: Sequence[Button] = ()
@@ -124,8 +131,11 @@ class RecordingChannel:
 
 
 class _Reply:
-    def __init__(self, channel: RecordingChannel, recorded: RecordedReply) -> None:
+    def __init__(
+        self, channel: RecordingChannel, recorded: RecordedReply, on_post: OnPost | None
+    ) -> None:
         self._channel = channel
+        self._on_post = on_post
         self.recorded = recorded
         self.posted: tuple[str, ...] = recorded.taken_up
         self.delivery = Delivery.NOTHING
@@ -138,6 +148,8 @@ class _Reply:
         self.recorded.frames.append(frame)
         if not self.posted:
             self.posted = (f"{self.recorded.place}/{len(self._channel.replies)}",)
+            if self._on_post is not None:
+                self._on_post(self.posted)
         self._channel.calls.append("update done")
         self._channel.changed()
 

@@ -23,7 +23,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Executable, bindparam, func, insert, select
+from sqlalchemy import Connection, Executable, bindparam, case, func, insert, select, update
 
 from core.agent.messages import (
     AssistantMessage,
@@ -291,7 +291,25 @@ class TurnStore(StoreBase):
         values: dict[str, Any] = {"delivery": delivery}
         if reply_ids is not None:
             values["reply_ids"] = list(reply_ids)
-        return self._call(_updater(Turn, turn_id, values), durable=True)
+        return self._call(_updater(Turn, turn_id, values), key=turn_id, durable=True)
+
+    def record_posts(self, turn_id: int, reply_ids: Sequence[str]) -> Awaitable[None]:
+        """The messages a turn's reply has posted so far, the moment the platform gives their
+        ids: a restart can then edit them instead of wondering whether one is out. A reply whose
+        delivery was `unsure` (it may have posted) becomes `pending` (its posts are known)."""
+        turns = Turn.__table__  # type: ignore[attr-defined]
+        statement = (
+            update(turns)
+            .where(turns.c.id == turn_id)
+            .values(
+                reply_ids=list(reply_ids),
+                delivery=case(
+                    (turns.c.delivery == UNSURE_DELIVERY, PENDING_DELIVERY),
+                    else_=turns.c.delivery,
+                ),
+            )
+        )
+        return self._call(lambda connection: connection.execute(statement), key=turn_id)
 
     def close_interrupted(self, unfinished: Unfinished, error: str) -> Awaitable[None]:
         """End a turn a dead process left running: `interrupted`, with `error`, and a result for

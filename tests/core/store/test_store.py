@@ -227,6 +227,23 @@ async def test_turns_left_running_by_a_dead_process_are_marked_interrupted(
     assert await any_store.unfinished_turns() == []
 
 
+async def test_a_replys_posts_recorded_as_they_happen_make_an_unsure_delivery_known(
+    any_store: Store,
+) -> None:
+    """A reply that may have posted (`unsure`) is `pending` once its posts' ids are stored, so
+    a restart edits them instead of asking the person to send their message again."""
+    started = await any_store.start_turn(TurnStart("t:p", "a", "S.", "person", "hi"))
+    ended = TurnState("done", ended_at=utc_now(), delivery="unsure")
+    await any_store.record_turn(started.conversation_id, started.turn_id, state=ended)
+
+    await any_store.record_posts(started.turn_id, ["m1", "m2"])
+    turn = await any_store.turn(started.turn_id)
+    assert (turn.delivery, turn.reply_ids) == ("pending", ["m1", "m2"])
+    await any_store.mark_delivered(started.turn_id, "shown")
+    await any_store.record_posts(started.turn_id, ["m1"])
+    assert (await any_store.turn(started.turn_id)).delivery == "shown"
+
+
 async def test_closing_an_interrupted_turn_answers_its_tool_calls(any_store: Store) -> None:
     started = await any_store.start_turn(TurnStart("t:p", "a", "S.", "person", "search"))
     calls = (ToolCall("c1", "search", {"q": "x"}), ToolCall("c2", "fetch", {}))
