@@ -9,9 +9,10 @@ leaves its reports pending. Claims live in memory; the store keeps the state acr
 
 Stops: `/agents stop` stops one (and its children); `/stop`, `/new` and shutdown stop all of a
 conversation's (or the process's) at once, sharing one grace window. `/new` discards
-undelivered reports. After a restart, runs a dead process left running are `lost` (their
-conversation is told once), and finished reports that never reached their conversation are
-delivered.
+undelivered reports. After a restart, runs a dead process left running are `lost`: their
+conversation is told once, and what each had written is its report, carried by the next turn
+(as a stopped run's partial report is); finished reports that never reached their conversation
+are delivered.
 """
 
 import asyncio
@@ -39,7 +40,7 @@ from core.features.subagents.delegation import (
 from core.features.subagents.runs import Claims, Run, SubagentSettings, format_report, slug
 from core.features.subagents.work import Workbench, work
 from core.store import RunStart, Store, not_awaited
-from core.store.tables import SubagentRun
+from core.store.tables import SubagentMessage, SubagentRun
 from core.text import plural
 from core.turns.parts import Leftover, OpenTurn, Part, Places, Share, TurnParts
 from core.turns.turn import Provenance, TurnSettings
@@ -162,23 +163,37 @@ class Subagents(Part):
         undelivered: Sequence[tuple[str, SubagentRun]],
         places: Places,
     ) -> None:
-        """Runs a dead process left running are lost (each conversation is told once), and
-        reports that finished without reaching their conversation are delivered."""
-        await self._store.mark_runs_lost([row.id for _, row in lost])
+        """Runs a dead process left running are lost: each conversation is told, and what a
+        run had written becomes its report, carried by the conversation's next turn (the person
+        decides whether to ask again; nothing starts by itself). Reports that finished without
+        reaching their conversation are delivered, by a turn of their own."""
         for place, row in lost:
+            assert row.id is not None
+            report = _written(await self._store.transcript(row.id))
+            top_level = row.parent_run_id is None
+            await self._store.mark_run_lost(row.id, report, deliver=top_level)
+            if top_level:
+                run = self._waiting(place, row)
+                run.status, run.report = "lost", report
             await places.say(
                 place,
                 f"Sub-agent {row.name} ({row.key}) was lost when Kaiwa restarted; ask again if "
                 "you still need its work.",
             )
         for place, row in undelivered:
-            assert row.id is not None
-            platform = platform_of(place)
-            run = Run(row.id, row.key, row.name, row.profile, row.model, row.task, place, platform)
-            run.status, run.report, run.ended = row.status, row.report or "", time.monotonic()
-            run.finished.set()
-            self._runs.setdefault(place, []).append(run)
-            self._carry(run)
+            run = self._waiting(place, row)
+            if run.status != "lost":  # a lost one's report waits for the person's next turn
+                self._carry(run)
+
+    def _waiting(self, place: str, row: SubagentRun) -> Run:
+        """An ended run read back from the store, its report waiting for a turn to carry it."""
+        assert row.id is not None
+        platform = platform_of(place)
+        run = Run(row.id, row.key, row.name, row.profile, row.model, row.task, place, platform)
+        run.status, run.report, run.ended = row.status, row.report or "", time.monotonic()
+        run.finished.set()
+        self._runs.setdefault(place, []).append(run)
+        return run
 
     # -- delegating ----------------------------------------------------------------------------
 
@@ -336,6 +351,13 @@ class Subagents(Part):
     def _forget_delivered(self, place: str) -> None:
         runs = self._runs.get(place, [])
         runs[:] = [run for run in runs if run.status == "running" or run.delivery == "pending"]
+
+
+def _written(transcript: Sequence[SubagentMessage]) -> str:
+    """What a run had written to its last stored step (a reply being streamed when the process
+    died was not stored)."""
+    texts = [each.text for each in transcript if each.role == "assistant" and each.text]
+    return "\n\n".join(texts) or "(nothing yet)"
 
 
 def _excerpt(instruction: str) -> str:

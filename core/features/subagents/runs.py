@@ -88,7 +88,7 @@ class Run:
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
     status: str = "running"
-    """running, done, stopped, failed (lost: only in the store, after a restart)."""
+    """running, done, stopped, failed, lost (a dead process's, read back after a restart)."""
     doing: str = "thinking"
     report: str = ""
     usage: UsageTotals = field(default_factory=UsageTotals)
@@ -150,6 +150,7 @@ def format_report(run: Run) -> str:
         "done": "reported",
         "stopped": "was stopped; what it had",
         "failed": "failed",
+        "lost": "was lost when Kaiwa restarted; what it had written",
     }.get(run.status, run.status)
     return f"[Sub-agent report] {run.label()} {how}:\n{run.report or '(nothing)'}"
 

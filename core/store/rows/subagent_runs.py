@@ -137,9 +137,17 @@ class SubagentRunStore(StoreBase):
         """Finished runs whose reports never reached their conversation, with its place."""
         return self._runs_with_places(_undelivered_statement(), place)
 
-    def mark_runs_lost(self, run_ids: Sequence[int]) -> Awaitable[None]:
-        values = {"status": "lost", "delivery": "discarded", "ended_at": utc_now()}
-        return self._call(_runs_updater(run_ids, values))
+    def mark_run_lost(self, run_id: int, report: str, *, deliver: bool) -> Awaitable[None]:
+        """A run a dead process left running: `lost`, with what it had written as its report,
+        to be carried to its conversation (`deliver`) or not (a nested run's parent is lost
+        with it)."""
+        values = {
+            "status": "lost",
+            "report": report,
+            "delivery": "pending" if deliver else "discarded",
+            "ended_at": utc_now(),
+        }
+        return self._call(_updater(SubagentRun, run_id, values), key=-run_id, durable=True)
 
     def _runs_with_places(
         self, statement: Any, place: str | None

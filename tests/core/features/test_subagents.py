@@ -233,23 +233,29 @@ def test_names_are_slugs_made_unique() -> None:
     assert slug("42 things", []) == "things"
 
 
+async def crashed_with_runs(store: Store, *finished: str) -> int:
+    """What a process killed mid-run leaves: run a1 still `running` (it had written one step),
+    and a run finished with each report of `finished`, never delivered. The conversation's id."""
+    started = await store.start_turn(TurnStart(PLACE, "assistant", "System.", "person", "go"))
+    conversation_id = started.conversation_id
+    tasks = ["find apples", *(f"find {report.split(':')[0].lower()}" for report in finished)]
+    launched = await store.start_runs(
+        conversation_id,
+        started.turn_id,
+        [RunStart(slug(each, []), "researcher", "test-model", each) for each in tasks],
+    )
+    (lost, _), *done = launched
+    await store.record_run(lost, messages=[(1, "assistant", "Apples so far: Gala.", None, None)])
+    for (row_id, _), report in zip(done, finished, strict=True):
+        await store.record_run(row_id, values={"status": "done", "report": report})
+    await store.record_turn(conversation_id, started.turn_id, state=TurnState("done"))
+    return conversation_id
+
+
 async def test_a_restart_marks_live_runs_lost_and_delivers_a_finished_report(
     make_bot: BotFactory, store: Store
 ) -> None:
-    """What a process killed mid-run leaves: one run still `running`, one finished whose report
-    never reached the conversation."""
-    started = await store.start_turn(TurnStart(PLACE, "assistant", "System.", "person", "go"))
-    conversation_id = started.conversation_id
-    _, (done, _) = await store.start_runs(
-        conversation_id,
-        started.turn_id,
-        [
-            RunStart("find-apples", "researcher", "test-model", "find apples"),
-            RunStart("find-pears", "researcher", "test-model", "find pears"),
-        ],
-    )
-    await store.record_run(done, values={"status": "done", "report": "Pears: 2 kinds."})
-    await store.record_turn(conversation_id, started.turn_id, state=TurnState("done"))
+    conversation_id = await crashed_with_runs(store, "Pears: 2 kinds.")
 
     bot = parent(make_bot)  # the new process
     bot.ollama.script(Text("The pears are back: 2 kinds."))
@@ -264,9 +270,38 @@ async def test_a_restart_marks_live_runs_lost_and_delivers_a_finished_report(
     ]
     assert reply.text == "The pears are back: 2 kinds."
     carried = bot.ollama.requests[-1]["messages"][-1]["content"]
-    assert carried == "[Sub-agent report] find-pears (a2, researcher) reported:\nPears: 2 kinds."
+    assert carried == (
+        "[Sub-agent report] find-apples (a1, researcher) was lost when Kaiwa restarted; what it "
+        "had written:\nApples so far: Gala.\n\n"
+        "[Sub-agent report] find-pears (a2, researcher) reported:\nPears: 2 kinds."
+    )
     rows = {row.key: row for row in await store.runs(conversation_id)}
-    assert (rows["a1"].status, rows["a2"].delivery) == ("lost", "delivered")
+    assert (rows["a1"].status, rows["a1"].delivery) == ("lost", "delivered")
+    assert rows["a2"].delivery == "delivered"
+
+
+async def test_a_lost_sub_agents_work_reaches_the_model_with_the_persons_next_message(
+    make_bot: BotFactory, store: Store
+) -> None:
+    """The bug: a lost run was told to the person only; the model never learnt it was lost or
+    what it had found, and its text was dropped. Nothing starts by itself: the person decides."""
+    conversation_id = await crashed_with_runs(store)
+
+    bot = parent(make_bot)
+    left = await leftovers(store, bot.runner.parts)
+    await Recovery(store, bot.runner, {"test": bot.channel}).resolve(left)
+    assert len(bot.channel.notices_in(PLACE)) == 1 and bot.ollama.requests == []
+    bot.ollama.script(Text("It had found Gala; shall I look further?"))
+    await bot.send("what happened to the apples?")
+    await bot.channel.finished()
+
+    asked = bot.ollama.requests[-1]["messages"][-1]["content"]
+    assert asked == (
+        "[Sub-agent report] find-apples (a1, researcher) was lost when Kaiwa restarted; what it "
+        "had written:\nApples so far: Gala.\n\nwhat happened to the apples?"
+    )
+    (row,) = await store.runs(conversation_id)
+    assert (row.status, row.report, row.delivery) == ("lost", "Apples so far: Gala.", "delivered")
 
 
 async def test_usage_shows_the_sub_agents_spend_apart(make_bot: BotFactory) -> None:
