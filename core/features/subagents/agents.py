@@ -35,6 +35,7 @@ from core.features.subagents.delegation import (
     menu,
     profile_for,
     refusal,
+    total_refusal,
     wait_tool,
 )
 from core.features.subagents.runs import Claims, Run, SubagentSettings, format_report, slug
@@ -199,20 +200,19 @@ class Subagents(Part):
 
     async def _delegate(self, turn: OpenTurn, parent: AgentProfile, tasks: Tasks) -> str:
         place = turn.request.place
-        why_not = self._refusal(place, parent, tasks)
+        conversation_id, turn_id = await turn.ids()
+        why_not = await self._refusal(place, conversation_id, parent, tasks)
         if why_not:
             return why_not
         grants = await self._granted(parent, tasks)
-        conversation_id, turn_id = await turn.ids()
-        runs = await self._launch(
-            place, turn.request.platform, (conversation_id, turn_id), tasks, parent, grants
-        )
-        return launched(runs)
+        where = (conversation_id, turn_id)
+        runs = await self._launch(place, turn.request.platform, where, tasks, parent, grants)
+        return launched(runs) if runs is not None else await self._full(conversation_id)
 
     async def _delegate_nested(self, run: Run, profile: AgentProfile, tasks: Tasks) -> str:
         """A sub-agent's `delegate`: it waits for the runs it launches and gets their reports
         itself; if it is stopped meanwhile, they are stopped too."""
-        why_not = self._refusal(run.place, profile, tasks, nested=True)
+        why_not = await self._refusal(run.place, run.conversation_id, profile, tasks, nested=True)
         if why_not:
             return why_not
         inherited = [run.granted] * len(tasks)  # a run never asks: its children share its grant
@@ -220,6 +220,8 @@ class Subagents(Part):
         children = await self._launch(
             run.place, run.platform, where, tasks, profile, inherited, run
         )
+        if children is None:
+            return await self._full(run.conversation_id)
         try:
             await asyncio.gather(*(child.finished.wait() for child in children))
         except asyncio.CancelledError:
@@ -252,15 +254,33 @@ class Subagents(Part):
             parts.append(f"Still running: {', '.join(running)}")
         return "\n\n".join(parts) or "No sub-agent reports are waiting."
 
-    def _refusal(
-        self, place: str, delegator: AgentProfile, tasks: Tasks, *, nested: bool = False
+    async def _refusal(
+        self,
+        place: str,
+        conversation_id: int,
+        delegator: AgentProfile,
+        tasks: Tasks,
+        *,
+        nested: bool = False,
     ) -> str | None:
         everywhere = sum(run.status == "running" for each in self._runs.values() for run in each)
         here = self._runs.get(place, [])
+        had = await self._store.run_count(conversation_id)
         choosing = (self._profiles, delegator)
         return refusal(
-            self.settings, here, everywhere, tasks, choosing, self._parts.tools_for, nested=nested
+            self.settings,
+            here,
+            had,
+            everywhere,
+            tasks,
+            choosing,
+            self._parts.tools_for,
+            nested=nested,
         )
+
+    async def _full(self, conversation_id: int) -> str:
+        """Another delegation took the conversation's last places while this one waited."""
+        return total_refusal(self.settings, await self._store.run_count(conversation_id))
 
     async def _granted(self, delegator: AgentProfile, tasks: Tasks) -> list[frozenset[str]]:
         """Ask once, before any starts, for the tools needing approval that these tasks would
@@ -291,9 +311,10 @@ class Subagents(Part):
         delegator: AgentProfile,
         grants: Sequence[frozenset[str]],
         parent: Run | None = None,
-    ) -> list[Run]:
+    ) -> list[Run] | None:
         """Start a run per task, stored first under the conversation and turn (`where`);
-        `grants`: the tools needing approval each may use."""
+        `grants`: the tools needing approval each may use. None, starting nothing, if the
+        conversation has no room left for them (`max_total`, decided by the store)."""
         runs = self._runs.setdefault(place, [])
         names: list[str] = [run.name for run in runs]
         specs, routes = [], []
@@ -308,7 +329,11 @@ class Subagents(Part):
             specs.append(RunStart(names[-1], task["profile"], model, task["instruction"]))
         conversation_id, turn_id = where
         parent_id = parent.row_id if parent is not None else None
-        stored = await self._store.start_runs(conversation_id, turn_id, specs, parent_id)
+        stored = await self._store.start_runs(
+            conversation_id, turn_id, specs, parent_id, max_total=self.settings.max_total
+        )
+        if not stored:
+            return None
         started = []
         for spec, task, why, grant, (row_id, key) in zip(
             specs, tasks, routes, grants, stored, strict=True

@@ -129,6 +129,7 @@ def _routed(run: Run) -> str:
 def refusal(
     caps: SubagentSettings,
     here: Sequence[Run],
+    had: int,
     running_everywhere: int,
     tasks: Tasks,
     choosing: tuple[Profiles, AgentProfile],
@@ -137,7 +138,8 @@ def refusal(
     nested: bool = False,
 ) -> str | None:
     """Why `tasks` cannot be launched, with what to do instead; None if they can. `here`: the
-    conversation's runs this process knows; `choosing`: the profiles and the delegator."""
+    conversation's runs this process knows; `had`: how many runs it ever had (the store's
+    count); `choosing`: the profiles and the delegator."""
     running = sum(run.status == "running" for run in here)
     if not tasks:
         return "Give at least one task: [{profile, instruction}]."
@@ -162,12 +164,18 @@ def refusal(
             f"Kaiwa is running {running_everywhere} sub-agents across its conversations, its "
             f"limit being {caps.max_running}: do the work yourself, or delegate later."
         )
-    if len(here) + len(tasks) > caps.max_total:
-        return (
-            f"This conversation has had {len(here)} of its {caps.max_total} sub-agents; do "
-            "the rest of the work yourself."
-        )
+    if had + len(tasks) > caps.max_total:
+        return total_refusal(caps, had)
     return _profile_refusal(tasks, choosing, tools_of)
+
+
+def total_refusal(caps: SubagentSettings, had: int) -> str:
+    left = max(0, caps.max_total - had)
+    room = f"room for {left} more" if left else "no room for more"
+    return (
+        f"This conversation has had {had} of its {caps.max_total} sub-agents ({room}); do the "
+        "rest of the work yourself."
+    )
 
 
 def _profile_refusal(

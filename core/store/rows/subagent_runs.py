@@ -46,13 +46,19 @@ class SubagentRunStore(StoreBase):
         parent_turn_id: int | None,
         runs: Sequence[RunStart],
         parent_run_id: int | None = None,
+        *,
+        max_total: int | None = None,
     ) -> Awaitable[list[tuple[int, str]]]:
         """Store new runs of a conversation, keyed `a<n>` after every run it ever had (keys are
-        never reused); their row ids and keys, in order. One transaction."""
+        never reused); their row ids and keys, in order. One transaction, which stores none
+        (and returns []) if the conversation would have more than `max_total` runs: the count
+        and the new rows are one decision."""
         now = utc_now()
 
         def run(connection: Connection) -> list[tuple[int, str]]:
             count = connection.execute(_run_count_statement(), {"id": conversation_id}).scalar()
+            if max_total is not None and int(count or 0) + len(runs) > max_total:
+                return []
             started = []
             for number, spec in enumerate(runs, start=int(count or 0) + 1):
                 key = f"a{number}"
@@ -115,6 +121,15 @@ class SubagentRunStore(StoreBase):
                 _updater(SubagentRun, run_id, changes)(connection)
 
         return self._call(run, key=-run_id, durable=durable)
+
+    def run_count(self, conversation_id: int) -> Awaitable[int]:
+        """How many runs the conversation ever had, in any state and in any process."""
+
+        def run(connection: Connection) -> int:
+            count = connection.execute(_run_count_statement(), {"id": conversation_id}).scalar()
+            return int(count or 0)
+
+        return self._call(run, autocommit=True)
 
     def runs(self, conversation_id: int) -> Awaitable[list[SubagentRun]]:
         return self._call(_of_conversation(SubagentRun, conversation_id), autocommit=True)

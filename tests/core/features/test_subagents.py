@@ -186,6 +186,35 @@ async def test_the_process_wide_cap_refuses_too(make_bot: BotFactory) -> None:
     assert "its limit being 1: do the work yourself, or delegate later." in refused["content"]
 
 
+async def test_max_total_counts_every_run_a_conversation_ever_had_across_restarts(
+    make_bot: BotFactory,
+) -> None:
+    """The bug: delivered runs were forgotten and the count began again with each process, so
+    a conversation got a 21st sub-agent. The store's count decides."""
+    settings = replace(QUIET, max_total=2)
+    bot = parent(make_bot, subagents=settings)
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples")]}))
+    bot.ollama.script(Text("On it."))
+    bot.ollama.script_for("apples", reports("Apples."))
+    bot.ollama.script(Text("Apples are back."))
+    await bot.send("what fruit is there?")
+    await bot.channel.finished(2)
+    await bot.runner.wait_idle(PLACE)
+    assert bot.subagents.live(PLACE) == [], "delivered: this process has forgotten it"
+
+    again = parent(make_bot, subagents=settings)  # a restart, on the same store
+    again.ollama.script(ToolCall("delegate", {"tasks": [task("find pears"), task("find plums")]}))
+    again.ollama.script(Text("I will do it myself."))
+    await again.send("and pears and plums?")
+    await again.channel.finished()
+
+    *_, refused = [m for m in again.ollama.requests[-1]["messages"] if m["role"] == "tool"]
+    assert refused["content"] == (
+        "This conversation has had 1 of its 2 sub-agents (room for 1 more); do the rest of the "
+        "work yourself."
+    )
+
+
 async def test_stop_stops_the_turn_and_every_sub_agent(make_bot: BotFactory) -> None:
     bot = parent(make_bot)
     bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples")]}))

@@ -29,6 +29,7 @@ from core.features.schedule.timing import aware
 from core.store import (
     CompactionRecord,
     Inbound,
+    RunStart,
     Store,
     StoreSettings,
     TurnStart,
@@ -242,6 +243,20 @@ async def test_a_replys_posts_recorded_as_they_happen_make_an_unsure_delivery_kn
     await any_store.mark_delivered(started.turn_id, "shown")
     await any_store.record_posts(started.turn_id, ["m1"])
     assert (await any_store.turn(started.turn_id)).delivery == "shown"
+
+
+async def test_runs_past_a_conversations_total_are_not_stored(any_store: Store) -> None:
+    """The count and the new rows are one decision, so two delegations at once cannot both
+    take the last place."""
+    started = await any_store.start_turn(TurnStart("t:p", "a", "S.", "person", "hi"))
+    conversation, turn = started.conversation_id, started.turn_id
+    one = [RunStart("one", "helper", "m", "do one")]
+    two = [RunStart("two", "helper", "m", "do two"), RunStart("three", "helper", "m", "do 3")]
+
+    assert [key for _, key in await any_store.start_runs(conversation, turn, one)] == ["a1"]
+    assert await any_store.start_runs(conversation, turn, two, max_total=2) == []
+    assert await any_store.run_count(conversation) == 1
+    assert [key for _, key in await any_store.start_runs(conversation, turn, two)] == ["a2", "a3"]
 
 
 async def test_closing_an_interrupted_turn_answers_its_tool_calls(any_store: Store) -> None:
