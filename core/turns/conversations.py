@@ -10,9 +10,10 @@ read of its conversation.
 The history is keyed by where each message is stored (turn, seq): a compaction is stored with
 the point where the kept messages begin, so the keys follow every change of the list (the
 running turn's messages are keyed once its row is stored). Whenever the store and this copy may
-disagree (a turn that could not be saved, a reply cut at the length limit, a compaction that
-could not be stored), the copy is dropped and the next turn reads the store again: the store
-is the truth.
+disagree (a turn that could not be saved, a reply that did not end `done` and so carries a
+cut-off mark in the store's history, a compaction that could not be stored), the copy is dropped
+and the next turn reads the store again: the store is the truth, and the request for a turn is
+the same whether or not Kaiwa restarted before it.
 """
 
 import asyncio
@@ -207,9 +208,11 @@ class Conversations:
         return Compactor(self._model, agent.model, context, conversation.calibration, compacted)
 
     def settle(self, conversation: Conversation, recorder: TurnRecorder, outcome: Outcome) -> None:
-        """The turn is stored: its messages are keyed by its row. A reply cut at the length
-        limit is read again next time, with the mark the store's history gives it."""
-        if outcome is Outcome.CUT or recorder.turn_id is None or conversation.messages is None:
+        """The turn is stored: its messages are keyed by its row. A reply that did not end
+        `done` (stopped, failed, cut) is read again next time from the store, with the mark its
+        history gives it, so the next request is the one a restarted Kaiwa would send (and
+        Ollama's prompt cache still fits it)."""
+        if outcome is not Outcome.DONE or recorder.turn_id is None or conversation.messages is None:
             conversation.messages = None
             return
         _key_running_turn(conversation, recorder)

@@ -14,6 +14,7 @@ from core.agent.profile import AgentProfile
 from core.agent.tools import Tool, tool
 from core.channel import Delivery, Outcome
 from core.store import Store
+from core.store.history import CUT_OFF
 from core.turns.turn import Provenance, TurnRequest
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import Done, ErrorLine, HttpError, Pause, Text, ToolCall
@@ -455,6 +456,40 @@ async def test_history_and_system_prompt_survive_a_restart(
         ("assistant", "Nice to meet you, Ann."),
         ("user", "who am I?"),
     ]
+
+
+@pytest.mark.parametrize("ending", ["stopped", "failed"])
+async def test_the_model_reads_a_cut_reply_the_same_before_and_after_a_restart(
+    make_bot: BotFactory, ending: str
+) -> None:
+    """The bug: a stopped or failed reply went back to the model as its bare text for the rest
+    of the process's life, and with its "[This reply was cut off here: …]" mark once read from
+    the store; a restart changed the request (and Ollama's prompt cache missed). Now a request
+    after a restart extends the one before it."""
+    bot = make_bot()
+    if ending == "stopped":
+        bot.ollama.script(Text("The first part"), Pause("mid"), Text(" the rest"))
+    else:
+        bot.ollama.script(Text("The first part"), ErrorLine("runner died"))
+    await bot.send("tell me")
+    if ending == "stopped":
+        await bot.ollama.reached("mid")
+        await bot.channel.wait_until(lambda: bot.channel.replies[0].shown == "The first part")
+        await bot.send("/stop")
+    await bot.channel.finished()
+    bot.ollama.script(Text("Going on."))
+    await bot.send("go on")
+    await bot.channel.finished(2)
+    before = bot.ollama.requests[-1]["messages"]
+
+    restarted = make_bot()  # a new process, on the same store
+    restarted.ollama.script(Text("And on."))
+    await restarted.send("and then?")
+    await restarted.channel.finished()
+    after = restarted.ollama.requests[-1]["messages"]
+
+    assert after[: len(before)] == before
+    assert f"The first part\n\n{CUT_OFF[ending]}" in [m["content"] for m in before]
 
 
 @pytest.mark.parametrize("shows", [Delivery.STALE, Delivery.NOTHING])
