@@ -20,8 +20,15 @@ message). The killed worker is started again before the next kill. `[cluster].fa
 is `--failover`; target: connection back within it (max), first reply within it plus the
 claim grace (`core.cluster.owners.CLAIM_GRACE_SECONDS`).
 
+(3) Takeover, with 3 workers: `--waiting` chats that worker w1 is preferred for each get a
+message whose reply is posted and then held (the model pauses), so w1 owns that many places with
+a turn running; then w1 is killed with SIGKILL. A place is taken over when its reply shows
+"(interrupted by a restart)", edited there by the worker that took it. The fake Telegram answers
+each call `--api-ms` late, as a real round trip does. Figures: kill → the first, the median and
+the last place taken over; target: the last within `--failover` + 5 s.
+
 Run from the repository root:
-    .venv/bin/python benchmarks/workers.py [--chats 30] [--messages 5] [--kills 10]
+    .venv/bin/python benchmarks/workers.py [--chats 30] [--messages 5] [--kills 10] [--waiting 50]
 """
 
 import argparse
@@ -45,11 +52,12 @@ from sqlalchemy.engine import make_url
 
 from benchmarks._common import median, percentile, print_table, verdict
 from core.cluster.leases import ClusterSettings, cluster_view, conninfo
-from core.cluster.owners import CLAIM_GRACE_SECONDS
-from tests.fakes.ollama import ChunkDelay, FakeOllama, Text
+from core.cluster.owners import CLAIM_GRACE_SECONDS, preferred
+from tests.fakes.ollama import ChunkDelay, FakeOllama, Pause, Text
 from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
 
 REPLY = "a reply of a few words from the model"
+CUT = "(interrupted by a restart)"
 FIRST_CHAT = 5000
 WAIT = 120.0
 
@@ -248,6 +256,60 @@ async def failover(args: Any, ollama: FakeOllama, folder: Path) -> tuple[list[fl
     return back, first
 
 
+async def takeover(args: Any, ollama: FakeOllama, folder: Path) -> list[float]:
+    """Seconds from the kill of w1 to each of its waiting places taken over."""
+    chats = preferred_chats("w1", ["w1", "w2", "w3"], args.waiting)
+    for _ in chats:
+        ollama.script_for("a long job", Text("Working on it"), Pause("held"))
+    async with database() as url, FakeTelegram() as telegram:
+        telegram.answer_after(args.api_ms / 1000)
+        (folder / "takeover").mkdir()
+        workers = Workers(url, folder / "takeover", ollama, telegram, args)
+        for index in (1, 2, 3):
+            await workers.start(f"w{index}")
+        try:
+            await workers.joined(3)
+            for chat in chats:
+                telegram.user_message(chat, "a long job", user_id=chat)
+
+            async def all_posted() -> bool:
+                async with await psycopg.AsyncConnection.connect(conninfo(url)) as connection:
+                    cursor = await connection.execute(
+                        "SELECT reply_ids FROM turns WHERE status = 'running'"
+                    )
+                    found = await cursor.fetchall()
+                return len(found) == len(chats) and all(ids for (ids,) in found)
+
+            await until(all_posted, f"{len(chats)} replies posted and held")
+            killed = time.monotonic()
+            workers.processes["w1"].send_signal(signal.SIGKILL)
+            await workers.processes["w1"].wait()
+            moved: dict[int, float] = {}
+
+            def taken_over() -> bool:
+                for chat in chats:
+                    shown = [m.visible for m in telegram.sent(chat)]
+                    if chat not in moved and any(text.endswith(CUT) for text in shown):
+                        moved[chat] = time.monotonic() - killed
+                return len(moved) == len(chats)
+
+            await telegram.wait_until(taken_over, timeout=WAIT, what="every place taken over")
+        finally:
+            ollama.release("held")
+            await workers.stop()
+    return sorted(moved.values())
+
+
+def preferred_chats(worker: str, workers: list[str], count: int) -> list[int]:
+    """`count` Telegram chats whose conversations `worker` is preferred for."""
+    chats, chat = [], FIRST_CHAT + 1000
+    while len(chats) < count:
+        if preferred(f"telegram:{chat}", workers) == worker:
+            chats.append(chat)
+        chat += 1
+    return chats
+
+
 async def main(args: Any) -> None:
     steps = [ChunkDelay(args.delay_ms / 1000), Text(REPLY, args.chunks)]
     async with FakeOllama() as ollama:
@@ -256,6 +318,7 @@ async def main(args: Any) -> None:
             folder = Path(temporary)
             figures = {count: await scale(count, args, ollama, folder) for count in (1, 2, 3)}
             back, first = await failover(args, ollama, folder) if args.kills else ([], [])
+            moved = await takeover(args, ollama, folder) if args.waiting else []
     base = figures[1]
     print_table(
         f"Scale: {args.chats} chats × {args.messages} messages, {args.chunks} chunks "
@@ -294,6 +357,24 @@ async def main(args: Any) -> None:
             ],
         )
 
+    if moved:
+        target = args.failover + 5
+        print_table(
+            f"Takeover of {len(moved)} places waiting on a killed worker "
+            f"(failover_seconds = {args.failover:g}, Telegram answering in {args.api_ms:g} ms)",
+            ["kill → place taken over", "first s", "median s", "last s", "target s", "verdict"],
+            [
+                [
+                    f"{len(moved)} places",
+                    f"{moved[0]:.2f}",
+                    f"{median(moved):.2f}",
+                    f"{moved[-1]:.2f}",
+                    f"{target:g}",
+                    verdict(moved[-1], target),
+                ]
+            ],
+        )
+
 
 def arguments() -> Any:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -304,6 +385,8 @@ def arguments() -> Any:
     parser.add_argument("--per-worker", type=int, default=4)
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--failover", type=float, default=15.0)
+    parser.add_argument("--waiting", type=int, default=50)
+    parser.add_argument("--api-ms", type=float, default=150.0)
     return parser.parse_args()
 
 

@@ -23,8 +23,8 @@ arrival order (the inbox's ids), `/stop` run by the owner (forwarded to it).
   once that is done, and no pickup runs meanwhile, so a turn run again keeps its place in line.
 - **Sweep.** Every third of `failover_seconds`, a worker looks for places with queued messages
   or running turns: it picks up its own (a missed notification), claims those it is preferred for,
-  and those nobody claimed since the last sweep. A dead worker's conversations move this way
-  within `failover_seconds`, with no message needed.
+  and those nobody claimed since the last sweep, up to `PLACES_AT_ONCE` side by side. A dead
+  worker's conversations move this way within `failover_seconds`, with no message needed.
 - **Release.** A conversation quiet for `idle_seconds` (no live turn, nothing queued) is let go,
   so leases do not pile up and ownership follows the live workers.
 - **Commands and firings** for a conversation owned elsewhere are forwarded to the owner by
@@ -53,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 CLAIM_GRACE_SECONDS = 1.0
 """How long the preferred worker has to take a new conversation before the receiver does."""
+PLACES_AT_ONCE = 16
+"""Places one sweep takes over side by side: enough that a dead worker's conversations move
+together, few enough that its recovery does not flood the store's threads or a platform."""
 CommandRunner = Callable[[ChannelMessage], Awaitable[None]]
 FiringRunner = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -254,16 +257,29 @@ class Owners:
                 logger.exception("ownership sweep failed")
 
     async def sweep(self) -> None:
-        """One round: refresh the live workers, pick up or claim what waits, let idle places go."""
+        """One round: refresh the live workers, pick up or claim what waits, let idle places go.
+        Places are visited side by side (at most `PLACES_AT_ONCE`): taking over a dead worker's
+        place waits on the store and the platform, and its fifty places must not wait in line
+        for one another. A place that fails is logged; the others go on."""
         self._workers = await self._coordinator.workers()
         waiting = await self._store.places_waiting()
         unclaimed: set[str] = set()
-        for place in waiting:
-            mine = preferred(place, self._workers) == self.worker or place in self._unclaimed
-            if place in self._owned or (mine and await self._claimed(place, False)):
-                await self.pickup(place)
-            elif place not in self._owned:
-                unclaimed.add(place)
+        room = asyncio.Semaphore(PLACES_AT_ONCE)
+
+        async def visit(place: str) -> None:
+            async with room:
+                mine = preferred(place, self._workers) == self.worker or place in self._unclaimed
+                if place in self._owned or (mine and await self._claimed(place, False)):
+                    await self.pickup(place)
+                elif place not in self._owned:
+                    unclaimed.add(place)
+
+        visits = await asyncio.gather(*(visit(p) for p in waiting), return_exceptions=True)
+        for place, outcome in zip(waiting, visits, strict=True):
+            if isinstance(outcome, StoreError):
+                logger.warning("ownership sweep: %s: %s", place, outcome)
+            elif isinstance(outcome, BaseException):
+                logger.error("ownership sweep: %s failed", place, exc_info=outcome)
         self._unclaimed = unclaimed
         await self._release_idle(set(waiting))
 

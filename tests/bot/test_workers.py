@@ -41,6 +41,7 @@ FAILOVER = 3.0
 RESTARTED = "I was restarted before I could finish answering"
 """The notice of a turn a dead worker left after it may have shown something (not an answer)."""
 DEADLINE = 60.0
+CUT = "(interrupted by a restart)"
 TASK_CHAT = 999
 FIRING_AFTER = 4.0
 
@@ -332,3 +333,74 @@ async def test_stop_through_a_worker_that_does_not_own_the_turn_stops_it(
         what="the reply stopped",
     )
     ollama.release("long")
+
+
+async def test_a_dead_workers_places_are_taken_over_side_by_side_not_in_line(
+    database: str, tmp_path: Path, ollama: FakeOllama
+) -> None:
+    """The bug: a sweep took a dead worker's places over one after the other, each waiting on
+    the platform and the store, so under load its last conversations moved 10–36 s after the
+    kill. Here the edit marking the first place's reply is held until the second place's reply
+    is marked: taken over in line, the second would wait for the first, and the first's edit
+    would go out only when the fake stops holding it (`tests.fakes.holds.HOLD_SECONDS`)."""
+    first, second = 3001, 3002  # "telegram:3001" sorts first: a sweep in line starts there
+    ollama.default = [Text("Working on it"), Pause("held")]
+    async with FakeTelegram() as telegram, FakeSlack() as slack:
+        name = f"w{uuid.uuid4().hex[:8]}"
+        env = {
+            "KAIWA_DATABASE_URL": database,
+            "KAIWA_TELEGRAM_TOKEN": TELEGRAM_TOKEN,
+            "KAIWA_SLACK_BOT_TOKEN": SLACK_TOKEN,
+            "KAIWA_SLACK_SIGNING_SECRET": SIGNING_SECRET,
+        }
+
+        async def start(worker: str) -> asyncio.subprocess.Process:
+            config = worker_config(tmp_path, worker, name, free_port(), ollama, telegram, slack)
+            return await kaiwa("--config", str(config), "run", env=env)
+
+        victim = await start("w1")
+        for chat in (first, second):
+            telegram.user_message(chat, "a long job", user_id=chat)
+
+        async def posted() -> bool:
+            try:
+                found = await rows(database, "SELECT reply_ids FROM turns WHERE status = 'running'")
+            except psycopg.errors.UndefinedTable:  # the worker has not made its tables yet
+                return False
+            return len(found) == 2 and all(reply_ids for (reply_ids,) in found)
+
+        await wait_for(posted, "both replies posted, their ids stored")
+        heir = await start("w2")
+
+        async def joined() -> bool:
+            workers, _ = await cluster_view(database, ClusterSettings(True, name=name), [])
+            return workers == ["w1", "w2"]
+
+        await wait_for(joined, "the second worker joined")
+
+        def marked(chat: int) -> bool:
+            return any(m.visible.endswith(CUT) for m in telegram.sent(chat))
+
+        released: list[str] = []
+
+        def after_the_second(params: Any) -> Any:
+            if int(params["chat_id"]) != first:
+                return lambda: True
+
+            def ready() -> bool:
+                if marked(second):
+                    released.append("the second place was marked first")
+                return bool(released)
+
+            return ready
+
+        telegram.holds.hold("editmessagetext", after_the_second)
+        victim.send_signal(signal.SIGKILL)
+        await victim.wait()
+        await telegram.wait_until(
+            lambda: marked(first) and marked(second), DEADLINE, what="both replies marked"
+        )
+        heir.send_signal(signal.SIGTERM)
+        await heir.wait()
+
+    assert released == ["the second place was marked first"]

@@ -491,6 +491,7 @@ class FakeTelegram:
         self.holds = Holds(self._changes)
         """Held answers, requests in flight and abandoned ones, by lower-cased method name."""
         self._without: dict[str, str] = {}  # lower-cased method -> result field left out
+        self._round_trip = 0.0
         self._runner: web.AppRunner | None = None
         self._closing = False
         self._methods: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -734,6 +735,11 @@ class FakeTelegram:
         the result, as a broken proxy or a test double might."""
         self._without[method.lower()] = key
 
+    def answer_after(self, seconds: float) -> None:
+        """From now on answer every Bot API call but getUpdates `seconds` late, as a real
+        round trip to Telegram takes (for benchmarks; a test orders by holds, not time)."""
+        self._round_trip = seconds
+
     # --- HTTP ---
 
     async def _api(self, request: web.Request) -> web.Response:
@@ -754,6 +760,8 @@ class FakeTelegram:
             if handler is None:
                 raise _ApiError(404, "Not Found")
             async with self.holds.answering(request, method.lower(), params):
+                if self._round_trip:
+                    await asyncio.sleep(self._round_trip)
                 result = handler(params)
             if method.lower() in self._without and isinstance(result, dict):
                 result = {k: v for k, v in result.items() if k != self._without[method.lower()]}

@@ -124,8 +124,7 @@ class InboxStore(StoreBase):
     def places_waiting(self) -> Awaitable[list[str]]:
         """The places with work left in the store, sorted: a message no turn has taken up, a
         turn still `running` or not yet shown to have ended, or a scheduled run under way (its
-        worker may have died). These are the places to recover, one at a time, by whoever owns
-        each."""
+        worker may have died). These are the places to recover, each by whoever owns it."""
         inbox = InboundEvent.__table__  # type: ignore[attr-defined]
         turns = Turn.__table__  # type: ignore[attr-defined]
         conversations = Conversation.__table__  # type: ignore[attr-defined]
