@@ -14,7 +14,8 @@ feature is read in its own package and the runner without any of them:
 - **Ending.** Once the turn's records are stored, or could not be, each share is told which
   (`Share.ended`), so what a turn carried counts as delivered exactly once.
 - **Conversations.** `/stop`, `/new` and shutdown reach every part (`stop`, `forget`,
-  `shutdown`), so what a part runs for a conversation ends with it.
+  `shutdown`), so what a part runs for a conversation ends with it; at shutdown a part may say
+  why the turns it holds stop, as after a kill (`Leftover.why`).
 - **Restarts.** Before anything of a process runs (or when a worker takes a place over), each
   part reads what a dead process left of it (`left_over`): why turns it held stopped, and what
   to show once the place's channel is connected. `core.dispatch.recovery` runs them.
@@ -126,8 +127,11 @@ class Part:
     async def forget(self, place: str) -> None:
         """`/new` in `place`: the conversation there is closed."""
 
-    async def shutdown(self) -> None:
-        """The process is stopping (before the store closes)."""
+    async def shutdown(self) -> Mapping[int, str]:
+        """The process is stopping (before its turns are stopped and the store closes); why
+        turns the part holds stop, by turn id, where it knows better than "a shutdown" (the
+        question a turn waits on), as `Leftover.why` says it after a kill."""
+        return {}
 
     async def left_over(self, place: str | None) -> Leftover | None:
         """What a dead process left of this part, in `place` or everywhere (None); read before
@@ -215,9 +219,11 @@ class TurnParts:
         for part in self._parts:
             await part.forget(place)
 
-    async def shutdown(self) -> None:
+    async def shutdown(self) -> dict[int, str]:
+        why: dict[int, str] = {}
         for part in self._parts:
-            await part.shutdown()
+            why.update(await part.shutdown())
+        return why
 
     async def left_over(self, place: str | None) -> list[Leftover]:
         found = [await part.left_over(place) for part in self._parts]

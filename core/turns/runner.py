@@ -129,6 +129,8 @@ class TurnRunner:
         """Turn bodies by the command that starts them (`plan`: a message `/plan <task>`)."""
         self._live: set[LiveTurn] = set()
         self.closing = False
+        self._why_stopped: dict[int, str] = {}
+        """At shutdown: why a turn a part holds stops (stored as the turn's error)."""
 
     def workflow_of(self, text: str) -> str | None:
         """The workflow a message starts (`/plan <task>` → "plan"), or None for a chat turn."""
@@ -200,7 +202,7 @@ class TurnRunner:
         start answers them (`core.dispatch.recovery`). Returns how many were running and
         queued."""
         self.closing = True
-        await self.parts.shutdown()  # what they hold stays stored, for the next start
+        self._why_stopped = await self.parts.shutdown()  # what they hold stays stored
         live = list(self._live)
         queued = 0
         for turn in live:
@@ -344,7 +346,7 @@ class TurnRunner:
         meanwhile), then the notice, which a second cancellation may cut short without losing
         anything."""
         request, conversation, recorder = turn.request, turn.conversation, opened.recorder
-        error = note if outcome is Outcome.FAILED else None
+        error = note if outcome is Outcome.FAILED else self._why_stopped.get(recorder.turn_id or 0)
         recorder.finish(outcome.value, turn.stop_reason, error, wrapped_up=wrapped_up)
         text = recorder.display_text()
         failure = await store_failure(recorder)

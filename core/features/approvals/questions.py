@@ -13,8 +13,10 @@ anyone else is told why, and nothing changes. The first valid answer wins, in th
 what was decided. The question is then edited to say who decided what, its buttons gone.
 
 A question nobody answers in `timeout_seconds` is a denial. `/stop` cancels the turn, and with it
-the wait: the approval ends `cancelled`, at once. Each question is a stored row, so a restart
-finds the ones a dead process left `pending`, marks them `expired` and edits them to say so.
+the wait: the approval ends `cancelled`, at once. A question still waiting when Kaiwa stops ends
+`expired`, edited to say Kaiwa stopped before anyone answered, and its turn's record names it;
+each question is a stored row, so after a kill the next start finds the ones left `pending` and
+does the same.
 
 Unattended turns (scheduled firings, sub-agents, wake turns) never ask: the call is refused at
 once with a result that tells the model a person must approve it.
@@ -108,6 +110,8 @@ class Approvals(Part):
         self._questions: dict[int, _Question] = {}
         self._granted: set[tuple[str, str]] = set()
         """(place, tool) allowed for the rest of a conversation."""
+        self._closing = False
+        """The process is stopping: a question left unanswered expires, as after a kill."""
 
     def guard(self, tools: Mapping[str, Tool], tool_timeout: float) -> dict[str, Tool]:
         """`tools`, those needing approval wrapped so that each call asks first (its time limit
@@ -200,7 +204,7 @@ class Approvals(Part):
             await self._settle(question, Answer("timed_out"))
             return Answer("timed_out")
         except asyncio.CancelledError:
-            await asyncio.shield(self._settle(question, Answer("cancelled")))
+            await asyncio.shield(self._settle(question, self._stopped()))
             raise
         finally:
             self._questions.pop(question.approval.id, None)
@@ -238,12 +242,22 @@ class Approvals(Part):
         self._questions[key] = question
         shown = [Button(b.label, b.command.format(key=key)) for b in buttons]
         text = f"{asking} ({hint.format(key=key)})"
-        posted = await self._channels[context.platform].notify(context.place, text, shown)
-        if posted:
-            question.approval = approval.model_copy(update={"message_id": posted[-1]})
-            await self._store.update_approval(key, {"message_id": posted[-1]})
+        try:
+            posted = await self._channels[context.platform].notify(context.place, text, shown)
+            if posted:
+                question.approval = approval.model_copy(update={"message_id": posted[-1]})
+                await self._store.update_approval(key, {"message_id": posted[-1]})
+        except asyncio.CancelledError:  # stopped while it was being asked: settled all the same
+            self._questions.pop(key, None)
+            await asyncio.shield(self._settle(question, self._stopped()))
+            raise
         logger.info("approval %d asked in %s: %s", key, context.place, call)
         return question
+
+    def _stopped(self) -> Answer:
+        """How a question ends when its turn is stopped: `cancelled` by a stop, `expired` when
+        Kaiwa is stopping."""
+        return Answer("expired" if self._closing else "cancelled")
 
     async def answer(
         self, approval_id: int, person: str, name: str, decision: str, text: str = ""
@@ -297,6 +311,17 @@ class Approvals(Part):
         except Exception as exc:
             logger.warning("approval %s: the question could not be edited: %s", approval.id, exc)
 
+    async def shutdown(self) -> dict[int, str]:
+        """The process is stopping: each question still waiting expires as its turn is stopped
+        (edited to say Kaiwa stopped before anyone answered), and the turn's record names it,
+        as the next start does for a question a killed process left."""
+        self._closing = True
+        return {
+            question.approval.turn_id: WAITED.format(call=question.approval.call)
+            for question in self._questions.values()
+            if question.approval.turn_id is not None
+        }
+
     async def left_over(self, place: str | None) -> Leftover | None:
         """Questions a dead process left pending (in `place`, when given: a cluster's dead
         worker): the turns that waited on them stopped for that reason, and each is marked
@@ -329,4 +354,4 @@ def _outcome(call: str, answer: Answer, words: Mapping[str, str]) -> str:
         return f"{call}: not run; nobody answered in time."
     if answer.decision == "cancelled":
         return f"{call}: not run; the reply was stopped."
-    return f"{call}: not run; Kaiwa restarted before anyone answered."
+    return f"{call}: not run; Kaiwa stopped before anyone answered."

@@ -148,8 +148,9 @@ class Subagents(Part):
         if ids:
             not_awaited(self._store.set_delivery(ids, "discarded"), "discarding reports")
 
-    async def shutdown(self) -> None:
+    async def shutdown(self) -> Mapping[int, str]:
         await self.stop_runs([run for runs in self._runs.values() for run in runs])
+        return {}
 
     async def left_over(self, place: str | None) -> Leftover | None:
         lost = await self._store.live_runs(place)

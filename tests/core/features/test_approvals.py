@@ -9,7 +9,7 @@ fake's pauses.
 from core.agent.profile import AgentProfile
 from core.agent.tools import ToolContext
 from core.channel import Button
-from core.dispatch.recovery import Recovery, leftovers
+from core.dispatch.recovery import Leftovers, Recovery, leftovers
 from core.features.approvals.questions import Approvals, ApprovalSettings
 from core.features.schedule.timing import ScheduleSettings, When
 from core.features.subagents.runs import SubagentSettings
@@ -156,8 +156,33 @@ async def test_a_restart_expires_the_question_left_pending(
     assert [a.status for a in await store.pending_approvals()] == []
     assert (await store.approval(1)).status == "expired"  # type: ignore[union-attr]
     assert bot.channel.notices_in(PLACE)[0] == (
-        "echo(hello): not run; Kaiwa restarted before anyone answered."
+        "echo(hello): not run; Kaiwa stopped before anyone answered."
     )
+
+
+async def test_a_shutdown_expires_a_waiting_question_and_the_turn_names_it(
+    make_bot: BotFactory, store: Store
+) -> None:
+    """The bug: SIGTERM said "not run; the reply was stopped" and the turn's record did not name
+    the question, where a kill expires it and names it. A stop and a kill now read the same."""
+    bot = asks(make_bot)
+    await bot.send("say hello", author="ann")
+    await asked(bot)
+
+    await bot.runner.shutdown()
+
+    (turn,) = await bot.turns()
+    assert (turn.status, turn.stop_reason, turn.error) == (
+        "stopped",
+        "shutdown",
+        "Kaiwa stopped while this turn waited for a person to approve echo(hello)",
+    )
+    assert (await store.approval(1)).status == "expired"  # type: ignore[union-attr]
+    assert bot.channel.notices_in(PLACE)[0] == (
+        "echo(hello): not run; Kaiwa stopped before anyone answered."
+    )
+    restarted = make_bot(bot_store=store, channel=bot.channel, approvals=ASK_ECHO)
+    assert await leftovers(store, restarted.runner.parts) == Leftovers(), "nothing left over"
 
 
 async def test_an_unattended_run_is_refused_at_once(make_bot: BotFactory) -> None:
