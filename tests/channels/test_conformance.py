@@ -304,7 +304,7 @@ async def test_a_scheduled_task_posts_a_new_message_in_its_own_place(platform: P
     task = await scheduler.create(
         task_for(platform, ANN), "assistant", "the daily digest", When(every_minutes=60)
     )
-    scheduler.run_now(task)
+    await scheduler.run_now(task)
     await scheduler.settled()
 
     assert platform.shown(ANN) == ["Your daily digest: all quiet."]
@@ -322,7 +322,7 @@ async def test_a_scheduled_task_whose_place_is_gone_is_paused(platform: Platform
         task_for(platform, ANN), "assistant", "the daily digest", When(every_minutes=60)
     )
     platform.refuse_posts(ANN)
-    scheduler.run_now(task)
+    await scheduler.run_now(task)
     await scheduler.settled()
 
     (run,) = await platform.bot.store.task_runs(task.id or 0)

@@ -454,7 +454,7 @@ async def test_a_scheduled_task_posts_in_its_thread_archived_since(make_bot: Bot
         task = await scheduler.create(asked, "assistant", "the digest", When(every_minutes=60))
         fake.archive_thread(thread)
         discord.bot.ollama.default = [Text("This morning's digest.")]
-        scheduler.run_now(task)
+        await scheduler.run_now(task)
         await scheduler.settled()
     assert said(fake, thread) == ["Noted.", "This morning's digest."]
     (run,) = await discord.bot.store.task_runs(task.id or 0)

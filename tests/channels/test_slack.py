@@ -71,7 +71,7 @@ async def test_a_scheduled_task_posts_in_the_thread_it_was_made_in(make_bot: Bot
         asked = ToolContext("slack", place(opened), ANN_ID, "person")
         task = await scheduler.create(asked, "assistant", "the digest", When(every_minutes=60))
         slack.bot.ollama.default = [Text("Today's digest.")]
-        scheduler.run_now(task)
+        await scheduler.run_now(task)
         await scheduler.settled()
     assert [p.text for p in fake.posted(ROOM, opened)] == ["Noted.", "Today's digest."]
     assert fake.posted(ROOM) == [], "nothing at the channel's top level"

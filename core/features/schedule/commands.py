@@ -48,5 +48,6 @@ class TasksCommand:
         if verb == "cancel":
             await self._scheduler.cancel(task)
             return f"Cancelled task {label}; it will not fire again."
-        self._scheduler.run_now(task)
+        if not await self._scheduler.run_now(task):
+            return f"Task {label} is already running (started this second); its answer follows."
         return f"Task {label} runs now; its answer follows here."

@@ -154,13 +154,19 @@ class Scheduler:
         clock). Returns the firings started."""
         return [self._fire_task(task_id) for task_id in self._timers.due(self._clock())]
 
-    def run_now(self, task: ScheduledTask) -> None:
-        """An extra run at once, its slot now; the schedule goes on as it was."""
-        assert task.id is not None
-        self._fire_task(task.id, now=True)
+    async def run_now(self, task: ScheduledTask) -> bool:
+        """An extra run at once, its slot this second (the schedule goes on as it was), once its
+        slot is claimed; False if a run already took that slot (a second `/tasks run` within
+        the same second: the first is the one running). Raises `StoreError` if the slot cannot
+        be claimed."""
+        claimed = await self._slots.claim_now(task)
+        if claimed is None:
+            return False
+        self._keep(self._run_safely(task, *claimed), name=f"task {task.id}")
+        return True
 
-    def _fire_task(self, task_id: int, *, now: bool = False) -> "asyncio.Task[None]":
-        return self._keep(self._fire(task_id, now=now), name=f"task {task_id}")
+    def _fire_task(self, task_id: int) -> "asyncio.Task[None]":
+        return self._keep(self._fire(task_id), name=f"task {task_id}")
 
     def _keep(self, firing: Coroutine[Any, Any, None], *, name: str) -> "asyncio.Task[None]":
         """A firing under way, kept until it ends (`settled` waits for it)."""
@@ -173,7 +179,7 @@ class Scheduler:
         """A timer's job: fire, without waiting for the run (so the job ends at once)."""
         self._fire_task(task_id)
 
-    async def _fire(self, task_id: int, *, now: bool = False) -> None:
+    async def _fire(self, task_id: int) -> None:
         """Claim the task's due slot, if it has one, and run it. Never raises (invariant 6).
         Whatever happens, the task's timer is armed again before the run: at its next slot, or,
         when the slot could not be claimed, `RETRY_SECONDS` from now."""
@@ -181,9 +187,9 @@ class Scheduler:
             task = await self._store.task(task_id)
             if task is None or task.cancelled_at is not None or task_id in self._cancelled:
                 return
-            if not now and not (task.enabled and task_id in self._timers):
+            if not (task.enabled and task_id in self._timers):
                 return
-            claimed = await (self._slots.claim_now(task) if now else self._slots.claim_due(task))
+            claimed = await self._slots.claim_due(task)
         except Exception as exc:
             self._retry(task_id, exc)
             return

@@ -144,8 +144,10 @@ def task_tools(scheduler: Scheduler, agent_of: Callable[[str, str], str]) -> lis
         """Run a task of this conversation once now, besides its schedule."""
         changing()
         stored = await found(task)
-        scheduler.run_now(stored)
-        return f"Task #{stored.id} {stored.name} runs now; its answer follows in this conversation."
+        label = f"#{stored.id} {stored.name}"
+        if not await scheduler.run_now(stored):
+            return f"Task {label} is already running (started this second); do not run it again."
+        return f"Task {label} runs now; its answer follows in this conversation."
 
     return [
         schedule_task,

@@ -192,7 +192,7 @@ async def test_an_unattended_run_is_refused_at_once(make_bot: BotFactory) -> Non
     bot.ollama.script(Text("I could not."))
     context = ToolContext("test", PLACE, "ann", "person")
     task = await bot.scheduler.create(context, "assistant", "say hello", When(every_minutes=60))
-    bot.scheduler.run_now(task)
+    await bot.scheduler.run_now(task)
     await bot.scheduler.settled()
 
     (refused,) = results(bot)

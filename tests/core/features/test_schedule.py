@@ -503,3 +503,31 @@ async def test_a_slot_the_database_kept_from_being_claimed_is_tried_again(
         scheduler.stop()
     (run,) = await bot.store.task_runs(task.id or 0)
     assert (aware(run.fire_time), run.outcome, run.late) == (utc(2030, 1, 1, 8), "done", False)
+
+
+async def test_a_second_tasks_run_in_the_same_second_says_it_is_already_running(
+    make_bot: BotFactory,
+) -> None:
+    """The bug: the second `/tasks run` claimed the same slot (one per second), answered "runs
+    now", and ran nothing. It says the first is running; a later one runs again."""
+    clock = Clock(utc(2026, 12, 1, 6))
+    bot, scheduler = scheduled(make_bot, clock)
+    task = await scheduler.create(ANN, "assistant", "digest", When("0 8 * * *"))
+    bot.ollama.script(Pause("digest"), Text("The digest."))
+    bot.ollama.script(Text("The digest again."))
+
+    await bot.send(f"/tasks run {task.id}")
+    await bot.send(f"/tasks run {task.id}")
+    bot.ollama.release("digest")
+    await scheduler.settled()
+    clock.now += timedelta(seconds=1)
+    await bot.send(f"/tasks run {task.id}")
+    await scheduler.settled()
+
+    assert bot.channel.notices_in(PLACE) == [
+        f"Task #{task.id} digest runs now; its answer follows here.",
+        f"Task #{task.id} digest is already running (started this second); its answer follows.",
+        f"Task #{task.id} digest runs now; its answer follows here.",
+    ]
+    assert [reply.text for reply in bot.channel.replies] == ["The digest.", "The digest again."]
+    assert len(await bot.store.task_runs(task.id or 0)) == 2
