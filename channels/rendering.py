@@ -16,8 +16,10 @@ platform's own markup, with the platform's errors mapped to `RateLimited` and `P
   so edits coalesce. `finish` waits out every limit and tries again until the final text shows,
   for up to `final_edit_seconds`; only past that does the platform keep an older text.
 - A refused call (`PlatformError`) costs a frame, logged once per reply; `finish` tries the final
-  text once more and then gives up. A post whose answer lacks the message's id (`LostMessage`)
-  ends the reply's calls: the message cannot be edited, and posting again might show it twice.
+  text once more and then gives up. A post whose answer lacks the message's id, or never came
+  (`LostMessage`: the post may be out), ends the reply's calls: the message cannot be edited,
+  and posting it again might show it twice. `finish` then posts one short notice instead, so the
+  person knows part of the reply may be missing and that it was kept.
 - `delivery` says what the platform shows once `finish` returns: the final text (`SHOWN`), an
   older one (`STALE`), or nothing (`NOTHING`, not one message posted).
 - Thinking and tool activity appear as one status line under the text while the reply streams,
@@ -89,7 +91,14 @@ class PlatformError(Exception):
 
 
 class LostMessage(PlatformError):
-    """A post went through (or may have), but the answer does not say which message it made."""
+    """A post went through, or may have (its answer never came), but nothing says which message
+    it made: it is never sent again."""
+
+
+LOST_NOTICE = (
+    "(Part of this reply may be missing: a message was sent but the platform did not say it "
+    "arrived, and it is not sent twice. The whole reply is kept; ask me to repeat it.)"
+)
 
 
 class Transport(Protocol):
@@ -206,6 +215,8 @@ class StreamingReply:
             self.delivery = Delivery.SHOWN
         except (RateLimited, PlatformError) as exc:
             self._not_shown(exc)
+            if isinstance(exc, LostMessage):
+                await self._tell_lost()
         except Exception:  # not the platform's answer: a bug, for the caller's log
             self.delivery = Delivery.STALE if self._shown else Delivery.NOTHING
             raise
@@ -236,6 +247,13 @@ class StreamingReply:
             error,
             shows,
         )
+
+    async def _tell_lost(self) -> None:
+        """One notice, never tried again, where a post may be out unseen by Kaiwa."""
+        try:
+            await self._transport.send(LOST_NOTICE)
+        except (RateLimited, PlatformError) as exc:
+            logger.warning("the reply in %s: its notice could not be posted: %s", self._place, exc)
 
     def _shows_finally(self, pieces: list[str]) -> bool:
         shown = self._shown

@@ -10,9 +10,15 @@ not wait out (no `Via` header, which it takes for a ban, or still limited after 
 plain `HTTPException` 429: both map to `RateLimited`, with the wait from the answer's headers.
 Other refusals map to `PlatformError`, a post answered without a readable message to
 `LostMessage`; all of it here (`_mapped_errors`) and nowhere else.
+
+A post can be sent again safely: each new message of a reply carries a nonce Discord enforces
+(`enforce_nonce`), so a post whose answer never came, sent again with the same nonce (by
+discord.py's own retries of a 5xx, or by the reply's next frame), returns the message the first
+made instead of a second one; its text is then brought up to date.
 """
 
 import contextlib
+import secrets
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
 import aiohttp
@@ -47,22 +53,30 @@ class DiscordTransport:
         self._channel = client.get_partial_messageable(channel_id)
         self._opening = opening
         self._reply_to = reply_to
+        self._nonce: str | None = None
+        """The nonce of the message being posted, kept until a post of it is answered."""
 
     async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
         await self._opened()
-        reference, self._reply_to = self._reply_to, None
+        self._nonce = self._nonce or secrets.token_hex(12)  # 24 of Discord's 25 characters
         with _mapped_errors("a message post"):
             try:
                 message = await self._channel.send(
                     text,
                     view=view(buttons),
-                    reference=reference,  # type: ignore[arg-type]
+                    reference=self._reply_to,  # type: ignore[arg-type]
+                    nonce=self._nonce,
                 )
             except (KeyError, TypeError, ValueError) as exc:  # the answer could not be read
+                self._nonce = None  # that message is out: the next one is another
                 raise LostMessage(
                     f"Discord answered a message post without a usable message ({exc!r})"
                 ) from exc
-        return str(message.id)
+        self._nonce = self._reply_to = None
+        message_id = str(message.id)
+        if message.content.strip() != text.strip():  # an earlier post, made with its nonce
+            await self.edit(message_id, text, buttons=buttons)
+        return message_id
 
     async def edit(self, message_id: str, text: str, *, buttons: Sequence[Button] = ()) -> None:
         await self._opened()

@@ -58,7 +58,7 @@ from channels.slack.interactions import (
 )
 from channels.slack.receiving import Messages
 from channels.slack.socket_mode import KeptUrl, SocketClient, serve_socket_mode
-from channels.slack.transport import SlackTransport
+from channels.slack.transport import OnlyIdempotentRetries, SlackTransport
 from channels.throttled_log import ThrottledLog
 from core.channel import Button, ChannelTraits, Deliver, OnPost, Reply
 from core.errors import ChannelError, StoreError
@@ -87,7 +87,9 @@ class SlackChannel(ConnectionState):
         self._tokens = tokens
         self.traits = ChannelTraits(frame_interval=settings.edit_interval)
         self._render = RenderSettings.of(settings)
-        self.web_client = AsyncWebClient(token=tokens.bot, base_url=settings.api_url)
+        self.web_client = AsyncWebClient(
+            token=tokens.bot, base_url=settings.api_url, retry_handlers=[OnlyIdempotentRetries()]
+        )
         self._app = AsyncApp(
             client=self.web_client,
             signing_secret=tokens.signing_secret or None,

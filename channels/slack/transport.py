@@ -13,7 +13,9 @@ bot is working; it goes away when the reply starts (after the reaction's own req
 still in flight, so it cannot land after its removal). Slack's errors are mapped here
 (`mapped_errors`) and nowhere else: HTTP 429 or `ratelimited` → `RateLimited`, any other refusal
 or network failure → `PlatformError`, a post answered without its `ts` → `LostMessage` (never the
-text "None" as a message id).
+text "None" as a message id), and so is a post whose answer never came: it may be out, so it is
+not sent again. slack_sdk's own retries are limited to that rule (`OnlyIdempotentRetries`): a call
+that creates a message is never sent twice by the library either.
 """
 
 import asyncio
@@ -23,6 +25,10 @@ from typing import Any
 
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
+from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.formatting import slack_mrkdwn
@@ -65,7 +71,7 @@ class SlackTransport:
 
     async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
         mrkdwn = slack_mrkdwn(text)
-        with mapped_errors("chat.postMessage"):
+        with mapped_errors("chat.postMessage", creates=True):
             posted = await self._client.chat_postMessage(
                 channel=self._channel,
                 thread_ts=self._thread,
@@ -116,8 +122,33 @@ class SlackTransport:
                 )
 
 
+CREATES = frozenset({"chat.postMessage", "chat.postEphemeral"})
+"""Web API methods that make a message: sent twice, they show it twice."""
+
+
+class OnlyIdempotentRetries(AsyncConnectionErrorRetryHandler):
+    """slack_sdk's retry of a call whose connection failed, for every method but those that
+    create a message (`CREATES`): the first may have landed."""
+
+    async def _can_retry_async(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> bool:
+        if request.url.rstrip("/").rsplit("/", 1)[-1] in CREATES:
+            return False
+        return await super()._can_retry_async(
+            state=state, request=request, response=response, error=error
+        )
+
+
 @contextlib.contextmanager
-def mapped_errors(method: str) -> Iterator[None]:
+def mapped_errors(method: str, *, creates: bool = False) -> Iterator[None]:
+    """Slack's errors as `channels.rendering` knows them; with `creates`, a call whose answer
+    never came (it was sent, then the connection failed or timed out) is a `LostMessage`."""
     try:
         yield
     except SlackApiError as exc:
@@ -126,7 +157,10 @@ def mapped_errors(method: str) -> Iterator[None]:
         error = exc.response.get("error", f"HTTP {exc.response.status_code}")
         raise PlatformError(f"Slack refused {method} ({error})") from exc
     except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
-        raise PlatformError(f"Slack {method} failed: {exc or type(exc).__name__}") from exc
+        failed = f"Slack {method} failed: {exc or type(exc).__name__}"
+        if creates and not isinstance(exc, aiohttp.ClientConnectorError | SlackClientError):
+            raise LostMessage(f"{failed}; it may have posted, so it is not sent again") from exc
+        raise PlatformError(failed) from exc
 
 
 def with_buttons(mrkdwn: str, buttons: Sequence[Button]) -> list[dict[str, Any]]:

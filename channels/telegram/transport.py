@@ -8,7 +8,8 @@ button (an inline keyboard); the final edit leaves the keyboard out, which takes
 Telegram's errors are mapped here (`mapped_errors`) and nowhere else, for every call of a reply,
 a notice or a press's answer: 429 → `RateLimited`, "message is not modified" → nothing to do,
 any other refusal or network failure → `PlatformError`, an answer without the message →
-`LostMessage`.
+`LostMessage`, and so is a post whose answer never came (sent, then the connection failed or
+timed out): it may be out, so it is not sent again. python-telegram-bot itself retries nothing.
 """
 
 import contextlib
@@ -17,9 +18,10 @@ import os
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
+import httpx
 from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, ReplyParameters
 from telegram.constants import ChatAction, ParseMode
-from telegram.error import BadRequest, RetryAfter, TelegramError
+from telegram.error import BadRequest, NetworkError, RetryAfter, TelegramError
 
 from channels.formatting import telegram_html, utf16_len
 from channels.presses import fitting, payload
@@ -35,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 MESSAGE_LIMIT = 4096
 CALLBACK_DATA_LIMIT = 64  # bytes, Telegram's limit on a button's callback data
+NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""The network failures that come before a request goes out."""
 
 
 class TelegramTransport:
@@ -51,7 +55,7 @@ class TelegramTransport:
 
     async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
         reply = ReplyParameters(self._reply_to, allow_sending_without_reply=True)
-        with mapped_errors("sendMessage"):
+        with mapped_errors("sendMessage", creates=True):
             try:
                 sent = await self._bot.send_message(
                     self._chat_id,
@@ -103,15 +107,29 @@ class TelegramTransport:
 
 
 @contextlib.contextmanager
-def mapped_errors(method: str) -> Iterator[None]:
+def mapped_errors(method: str, *, creates: bool = False) -> Iterator[None]:
+    """Telegram's errors as `channels.rendering` knows them; with `creates`, a call whose
+    answer never came is a `LostMessage`."""
     try:
         yield
     except RetryAfter as exc:
         raise RateLimited(retry_seconds(exc)) from exc
     except TelegramError as exc:
-        raise PlatformError(f"Telegram {method} failed: {exc}") from exc
+        failed = f"Telegram {method} failed: {exc}"
+        if creates and _unanswered(exc):
+            raise LostMessage(f"{failed}; it may have posted, so it is not sent again") from exc
+        raise PlatformError(failed) from exc
     except (KeyError, TypeError, ValueError) as exc:  # the library could not read the answer
         raise LostMessage(f"Telegram answered {method} without a usable message ({exc})") from exc
+
+
+def _unanswered(exc: TelegramError) -> bool:
+    """Whether the request may have reached Telegram without its answer reaching Kaiwa: a
+    network failure or a timeout, unless it happened before the request could go out (no
+    connection, no free one in the pool)."""
+    if not isinstance(exc, NetworkError) or isinstance(exc, BadRequest):  # TimedOut is one
+        return False
+    return not isinstance(exc.__cause__, NEVER_SENT)
 
 
 def _keyboard(buttons: Sequence[Button]) -> InlineKeyboardMarkup | None:

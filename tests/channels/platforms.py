@@ -130,6 +130,11 @@ class Platform(Protocol):
         """From now on the platform posts the bot's messages but answers without their ids."""
         ...
 
+    def hang_up_on_the_next_post(self, chat: int) -> None:
+        """The platform posts the bot's next message in `chat`, then cuts the connection
+        unanswered."""
+        ...
+
     def typing_waits_for_text(self) -> None:
         """From now on a "typing…" request is answered only once the bot has shown new text in
         its chat, so it is still in flight when the reply's first text goes out."""
@@ -271,6 +276,9 @@ class TelegramPlatform(OnAFake):
     def answer_posts_without_ids(self) -> None:
         self.fake.answer_without("sendMessage", "message_id")
 
+    def hang_up_on_the_next_post(self, chat: int) -> None:
+        self.fake.hang_up_after("sendMessage")
+
     def posts_near(self, params: Mapping[str, Any]) -> Callable[[], int]:
         chat = int(params["chat_id"])
         return lambda: len(self.fake.sent(chat))
@@ -373,6 +381,9 @@ class SlackPlatform(OnAFake):
 
     def answer_posts_without_ids(self) -> None:
         self.fake.answer_without("chat.postMessage", "ts")
+
+    def hang_up_on_the_next_post(self, chat: int) -> None:
+        self.fake.hang_up_after("chat.postMessage")
 
     def posts_near(self, params: Mapping[str, Any]) -> Callable[[], int]:
         channel = str(params["channel"])
@@ -487,6 +498,9 @@ class DiscordPlatform(OnAFake):
 
     def answer_posts_without_ids(self) -> None:
         self.fake.answer_without("POST", "/channels/", "id")
+
+    def hang_up_on_the_next_post(self, chat: int) -> None:
+        self.fake.hang_up_after("POST", f"/channels/{self.fake.open_dm(chat)}/messages")
 
     def posts_near(self, params: Mapping[str, Any]) -> Callable[[], int]:
         channel = int(params["channel"])

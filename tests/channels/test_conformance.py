@@ -10,6 +10,7 @@ from itertools import pairwise
 import pytest
 
 from channels.presses import payload
+from channels.rendering import LOST_NOTICE
 from core.agent.tools import ToolContext
 from core.channel import Button, Delivery, Frame, Outcome, Reply
 from core.features.approvals.questions import ApprovalSettings
@@ -425,9 +426,29 @@ async def test_a_post_answered_without_its_id_ends_the_replys_calls(platform: Pl
     await reply.update(Frame("First words and more"))
     await reply.finish("First words and more, all of them.", Outcome.DONE, None)
 
-    assert platform.shown(ANN) == ["First words"], "posted once, never again"
+    assert platform.shown(ANN) == ["First words", LOST_NOTICE], "posted once, then told"
     assert platform.edits_tried(ANN) == 0
     assert reply.posted == () and reply.delivery is Delivery.NOTHING
+
+
+async def test_a_post_whose_answer_never_came_is_never_sent_twice(platform: Platform) -> None:
+    """The bug: slack_sdk's connection-error retry sent chat.postMessage again when the
+    connection dropped unanswered, and the reply's next frame posted once more, though the
+    first had landed. A post without an answer may be out: on Discord it is sent again with the
+    same nonce (which Discord answers with the first message); elsewhere it is not sent again,
+    and the person is told part of the reply may be missing."""
+    platform.hang_up_on_the_next_post(ANN)
+    reply = platform.reply(ANN)
+    await reply.update(Frame("First words"))
+    await reply.update(Frame("First words and more"))
+    await reply.finish("First words and more, all of them.", Outcome.DONE, None)
+
+    if platform.name == "discord":
+        assert platform.shown(ANN) == ["First words and more, all of them."]
+        assert reply.delivery is Delivery.SHOWN
+    else:
+        assert platform.shown(ANN) == ["First words", LOST_NOTICE], "posted once, then told"
+        assert reply.posted == () and reply.delivery is Delivery.NOTHING
 
 
 async def test_a_reply_the_platform_refuses_ends_with_nothing_delivered(

@@ -8,6 +8,7 @@ import pytest
 
 from channels.presses import STOP
 from channels.rendering import (
+    LOST_NOTICE,
     LostMessage,
     PlatformError,
     RateLimited,
@@ -291,7 +292,8 @@ async def test_a_post_whose_answer_lacks_its_id_ends_the_replys_calls(board: Boa
     await reply.update(Frame("one"))
     await reply.update(Frame("one two"))
     await reply.finish("one two three", Outcome.DONE, None)
-    assert [call for call in board.calls if call != "typing"] == ["send"]
+    assert [call for call in board.calls if call != "typing"] == ["send", "send"]
+    assert board.messages == [LOST_NOTICE], "the lost post never reached the board; the notice"
     assert reply.posted == () and reply.delivery is Delivery.NOTHING
 
 

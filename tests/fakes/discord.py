@@ -60,7 +60,7 @@ import math
 import struct
 import time
 import warnings
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -71,7 +71,7 @@ import yarl
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from tests.fakes.changes import Changes
-from tests.fakes.holds import Holds
+from tests.fakes.holds import Holds, hang_up
 
 with warnings.catch_warnings():
     # discord.py imports audioop, deprecated since 3.11; pytest turns warnings into errors
@@ -272,6 +272,9 @@ class FakeDiscord:
         self.holds = Holds(self._changes)
         """Held answers, requests in flight and abandoned ones, by route ("POST /channels/...")."""
         self._without: dict[tuple[str, str], str] = {}  # (method, path prefix) -> field left out
+        self._hang_ups: Counter[tuple[str, str]] = Counter()  # (method, path prefix) -> calls
+        self._nonces: dict[tuple[int, str], int] = {}
+        """(channel, nonce) -> the bot message created with it and `enforce_nonce`."""
         self._wake = asyncio.Event()  # wakes the writer
         self._runner: web.AppRunner | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -673,6 +676,11 @@ class FakeDiscord:
         ``key`` out of the JSON answer."""
         self._without[(method.upper(), path_prefix)] = key
 
+    def hang_up_after(self, method: str, path_prefix: str, times: int = 1) -> None:
+        """The next ``times`` calls of ``method path_prefix...`` take effect, and their
+        connection is cut before the answer (`holds.hang_up`)."""
+        self._hang_ups[(method.upper(), path_prefix)] += times
+
     # --- REST ---
 
     async def _api(self, request: web.Request) -> web.StreamResponse:
@@ -697,6 +705,8 @@ class FakeDiscord:
                 params["query"] = dict(request.query)
             async with self.holds.answering(request, route, params):
                 result = await handler(body, **params)
+            if self._hung_up(request.method, path):
+                return hang_up(request)
             result = self._answered_without(request.method, path, result)
             if result is None:
                 status = 204
@@ -725,6 +735,14 @@ class FakeDiscord:
             files = [name for name, v in form.items() if not isinstance(v, str)]
             return {**body, "_files": files}
         return await request.text()
+
+    def _hung_up(self, method: str, path: str) -> bool:
+        """Whether this call's answer is to be cut off (`hang_up_after`), counted once."""
+        for (m, prefix), left in self._hang_ups.items():
+            if m == method and path.startswith(prefix) and left > 0:
+                self._hang_ups[(m, prefix)] -= 1
+                return True
+        return False
 
     def _take_failure(self, method: str, path: str) -> _Failure | None:
         for (m, prefix), failures in self._failures.items():
@@ -863,6 +881,9 @@ class FakeDiscord:
         if not (has_body or loading):
             raise _ApiError(400, "Cannot send an empty message", 50006)
         reference = body.get("message_reference") or None
+        nonce = str(body.get("nonce")) if body.get("enforce_nonce") else None
+        if nonce is not None and (channel_id, nonce) in self._nonces:  # a post sent again
+            return self._stored[channel_id][self._nonces[(channel_id, nonce)]]
         message = self._message(
             channel_id,
             content,
@@ -894,6 +915,8 @@ class FakeDiscord:
             }
         if "nonce" in body:
             message["nonce"] = body["nonce"]
+        if nonce is not None:
+            self._nonces[(channel_id, nonce)] = int(message["id"])
         ephemeral = bool(flags & 64)
         self._reopen_if_archived(channel_id)
         self._store(message)

@@ -7,7 +7,8 @@ inside `Holds.answering`: while a hold set with `hold(name, until)` does not all
 answer waits, a handshake on what the fake has seen, never a sleep; `in_flight(name)` counts the
 requests not answered yet (`most_in_flight(name)`: the most there ever were at once), and
 `abandoned` names every request whose client went away before its answer was ready, which a
-client that never cancels a request in flight does not do.
+client that never cancels a request in flight does not do. `hang_up` ends a request that took
+effect without an answer.
 """
 
 import asyncio
@@ -77,3 +78,11 @@ class Holds:
             async with asyncio.timeout(HOLD_SECONDS):
                 while not condition():
                     await self._changes.next()
+
+
+def hang_up(request: web.Request) -> web.Response:
+    """End a request whose call took effect without answering it: the connection is cut, as a
+    network failure after the request arrived does (the client cannot tell whether it worked)."""
+    if request.transport is not None:
+        request.transport.abort()
+    return web.Response(status=204)  # never sent: the connection is gone

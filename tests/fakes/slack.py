@@ -46,7 +46,7 @@ import itertools
 import json
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Self
@@ -56,7 +56,7 @@ import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from tests.fakes.changes import Changes
-from tests.fakes.holds import Holds
+from tests.fakes.holds import Holds, hang_up
 
 BOT_TOKEN = "xoxb-test"
 APP_TOKEN = "xapp-test"
@@ -308,6 +308,7 @@ class FakeSlack:
         ``refused_sockets``: a Slack the bot cannot connect to, for now."""
         self.refused_sockets = 0
         self._without: dict[str, str] = {}  # method -> answer field left out
+        self._hang_ups: Counter[str] = Counter()  # method -> calls whose answer never comes
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -708,6 +709,11 @@ class FakeSlack:
         the answer, as Slack's own test doubles do with ``chat.postMessage`` and ``ts``."""
         self._without[method] = key
 
+    def hang_up_after(self, method: str, times: int = 1) -> None:
+        """The next ``times`` calls of ``method`` take effect, and their connection is cut
+        before the answer (`holds.hang_up`)."""
+        self._hang_ups[method] += times
+
     # --- Web API ---
 
     async def _api(self, request: web.Request) -> web.Response:
@@ -731,6 +737,10 @@ class FakeSlack:
             self._check_token(token, kind)
             async with self.holds.answering(request, method, params):
                 result = handler(params)
+            if self._hang_ups[method] > 0:
+                self._hang_ups[method] -= 1
+                self._record(Call(method, params, time.time(), None, token))
+                return hang_up(request)
             result = {k: v for k, v in result.items() if k != self._without.get(method)}
         except _ApiError as error:
             self._record(Call(method, params, time.time(), error.error, token, error.status))

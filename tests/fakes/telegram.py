@@ -29,7 +29,7 @@ import itertools
 import json
 import re
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Self
@@ -38,7 +38,7 @@ import aiohttp
 from aiohttp import web
 
 from tests.fakes.changes import Changes
-from tests.fakes.holds import Holds
+from tests.fakes.holds import Holds, hang_up
 
 BOT_TOKEN = "123456:TEST-token"
 MAX_TEXT_UNITS = 4096
@@ -492,6 +492,7 @@ class FakeTelegram:
         """Held answers, requests in flight and abandoned ones, by lower-cased method name."""
         self._without: dict[str, str] = {}  # lower-cased method -> result field left out
         self._round_trip = 0.0
+        self._hang_ups: Counter[str] = Counter()
         self._runner: web.AppRunner | None = None
         self._closing = False
         self._methods: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -735,6 +736,11 @@ class FakeTelegram:
         the result, as a broken proxy or a test double might."""
         self._without[method.lower()] = key
 
+    def hang_up_after(self, method: str, times: int = 1) -> None:
+        """The next ``times`` calls of ``method`` take effect, and their connection is cut
+        before the answer (`holds.hang_up`)."""
+        self._hang_ups[method.lower()] += times
+
     def answer_after(self, seconds: float) -> None:
         """From now on answer every Bot API call but getUpdates `seconds` late, as a real
         round trip to Telegram takes (for benchmarks; a test orders by holds, not time)."""
@@ -763,6 +769,10 @@ class FakeTelegram:
                 if self._round_trip:
                     await asyncio.sleep(self._round_trip)
                 result = handler(params)
+            if self._hang_ups[method.lower()] > 0:
+                self._hang_ups[method.lower()] -= 1
+                self._record(Call(method, params, time.time()))
+                return hang_up(request)
             if method.lower() in self._without and isinstance(result, dict):
                 result = {k: v for k, v in result.items() if k != self._without[method.lower()]}
         except _ApiError as error:
