@@ -586,13 +586,18 @@ async def test_a_scheduled_plan_runs_unattended_with_its_critic_and_no_person(
 async def test_a_plan_a_restart_cut_short_is_marked_interrupted_and_shown_so(
     make_bot: BotFactory,
 ) -> None:
+    """The running step keeps what it had said (the bug: its result was left empty, though the
+    person saw its text and the turn had stored it)."""
     bot = planner(make_bot)
     bot.ollama.script(draft("Start", "Finish"))
     bot.ollama.script(verdict(True))
-    bot.ollama.script(Pause("working"), Text("Started."))
+    bot.ollama.script(Text("Started half"), Pause("working"), Text(" and done."))
 
     await bot.send("/plan a long job")
     await bot.ollama.reached("working")
+    await bot.channel.wait_until(
+        lambda: bot.channel.replies[0].shown.endswith("Started half"), "the step's text shown"
+    )
     left = await leftovers(bot.store, bot.runner.parts)  # what the next process reads first
     places = Recovery(bot.store, bot.runner, {"test": bot.channel})
     for part in left.parts:  # the plan's part alone: this process's turn is still running
@@ -600,7 +605,10 @@ async def test_a_plan_a_restart_cut_short_is_marked_interrupted_and_shown_so(
 
     plan = await the_plan(bot)
     assert plan.status == "interrupted"
-    assert [s["status"] for s in plan.steps] == ["stopped", "not_run"]
+    assert [(s["status"], s.get("result")) for s in plan.steps] == [
+        ("stopped", "Started half"),
+        ("not_run", ""),
+    ]
     assert progress(bot).splitlines()[-1] == (
         "Interrupted: Kaiwa restarted; the rest was not run. /plan again to go on."
     )

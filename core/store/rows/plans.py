@@ -14,11 +14,12 @@ from typing import Any
 from sqlalchemy import Connection, Executable, bindparam, select
 
 from core.store.base import StoreBase
-from core.store.tables import Plan
+from core.store.rows.turns import INSTRUCTION_AUTHOR
+from core.store.tables import Message, Plan
 from core.store.units import _finding, _inserting, _reading, _rows, _updater
 
 _UNFINISHED_PLANS = ("drafting", "reviewing", "awaiting_person", "running")
-_INTERRUPTED_STEPS = {"running": "stopped", "waiting": "not_run"}
+_INTERRUPTED_STEPS = {"waiting": "not_run"}
 
 
 class PlanStore(StoreBase):
@@ -40,10 +41,11 @@ class PlanStore(StoreBase):
         self, now: datetime, place: str | None = None
     ) -> Awaitable[list[Plan]]:
         """Plans a dead process left unfinished end `interrupted` (read at start-up; or, when a
-        worker takes `place` over, only that place's), a running step `stopped` and waiting
-        ones `not_run`; the plans as they now are, so their progress messages can be edited to
-        say so. They are read back by (`interrupted`, `now`, the place), so a transaction
-        replayed after its COMMIT answer was lost returns them too, and no other place's."""
+        worker takes `place` over, only that place's), a running step `stopped` with what it had
+        said as its result (stored with the plan's turn) and waiting ones `not_run`; the plans as
+        they now are, so their progress messages can be edited to say so. They are read back by
+        (`interrupted`, `now`, the place), so a transaction replayed after its COMMIT answer was
+        lost returns them too, and no other place's."""
         table = Plan.__table__  # type: ignore[attr-defined]
         unfinished = select(table).where(table.c.status.in_(_UNFINISHED_PLANS))
         closed = select(table).where(table.c.status == "interrupted", table.c.updated_at == now)
@@ -55,7 +57,8 @@ class PlanStore(StoreBase):
         def run(connection: Connection) -> list[Plan]:
             for plan in _rows(connection, Plan, unfinished):
                 assert plan.id is not None
-                steps = [_interrupted_step(step) for step in plan.steps or []]
+                said = _said_in_last_step(connection, plan.turn_id)
+                steps = [_interrupted_step(step, said) for step in plan.steps or []]
                 values = {"status": "interrupted", "steps": steps, "updated_at": now}
                 _updater(Plan, plan.id, values)(connection)
             return _rows(connection, Plan, closed)
@@ -63,10 +66,27 @@ class PlanStore(StoreBase):
         return self._call(run, durable=True)
 
 
-def _interrupted_step(step: dict[str, Any]) -> dict[str, Any]:
-    """A plan's step as a restart leaves it: a copy, so the step list is written whole."""
+def _interrupted_step(step: dict[str, Any], said: str) -> dict[str, Any]:
+    """A plan's step as a restart leaves it: a copy, so the step list is written whole; the
+    running step keeps what it had said (`said`) as its result, as a stop keeps it."""
     status = step.get("status")
+    if status == "running":
+        return {**step, "status": "stopped", "result": step.get("result") or said}
     return {**step, "status": _INTERRUPTED_STEPS.get(status, status)}
+
+
+def _said_in_last_step(connection: Connection, turn_id: int | None) -> str:
+    """What the plan's turn said after Kaiwa's last instruction (the running step's), as the
+    person saw it: its assistant texts, joined as the reply joins them."""
+    if turn_id is None:
+        return ""
+    said: list[str] = []
+    for role, text, author in connection.execute(_turn_messages_statement(), {"id": turn_id}):
+        if author == INSTRUCTION_AUTHOR:
+            said = []
+        elif role == "assistant" and text:
+            said.append(text)
+    return "\n\n".join(said).strip()
 
 
 @cache
@@ -78,3 +98,10 @@ def _plans_statement() -> Executable:
         .order_by(table.c.id.desc())
         .limit(bindparam("limit"))
     )
+
+
+@cache
+def _turn_messages_statement() -> Executable:
+    table = Message.__table__  # type: ignore[attr-defined]
+    columns = (table.c.role, table.c.text, table.c.author)
+    return select(*columns).where(table.c.turn_id == bindparam("id")).order_by(table.c.seq)
