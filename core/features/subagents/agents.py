@@ -17,20 +17,22 @@ are delivered.
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 from core.agent.context import ContextSettings
 from core.agent.loop import ChatModel
 from core.agent.profile import AgentProfile
 from core.agent.tools import Tool
-from core.channel import Channel, platform_of
+from core.channel import Channel
 from core.features.subagents.board import Boards
 from core.features.subagents.delegation import (
+    Counts,
     Tasks,
     delegate_tool,
+    granted,
     launched,
     menu,
     profile_for,
@@ -175,26 +177,19 @@ class Subagents(Part):
             top_level = row.parent_run_id is None
             await self._store.mark_run_lost(row.id, report, deliver=top_level)
             if top_level:
-                run = self._waiting(place, row)
-                run.status, run.report = "lost", report
+                self._held(Run.read_back(place, row, status="lost", report=report))
             await places.say(
                 place,
                 f"Sub-agent {row.name} ({row.key}) was lost when Kaiwa restarted; ask again if "
                 "you still need its work.",
             )
         for place, row in undelivered:
-            run = self._waiting(place, row)
+            run = self._held(Run.read_back(place, row))
             if run.status != "lost":  # a lost one's report waits for the person's next turn
                 self._carry(run)
 
-    def _waiting(self, place: str, row: SubagentRun) -> Run:
-        """An ended run read back from the store, its report waiting for a turn to carry it."""
-        assert row.id is not None
-        platform = platform_of(place)
-        run = Run(row.id, row.key, row.name, row.profile, row.model, row.task, place, platform)
-        run.status, run.report, run.ended = row.status, row.report or "", time.monotonic()
-        run.finished.set()
-        self._runs.setdefault(place, []).append(run)
+    def _held(self, run: Run) -> Run:
+        self._runs.setdefault(run.place, []).append(run)
         return run
 
     # -- delegating ----------------------------------------------------------------------------
@@ -205,7 +200,7 @@ class Subagents(Part):
         why_not = await self._refusal(place, conversation_id, parent, tasks)
         if why_not:
             return why_not
-        grants = await self._granted(parent, tasks)
+        grants = await granted(self._parts.guard, tasks, partial(self._tools_of, parent))
         where = (conversation_id, turn_id)
         runs = await self._launch(place, turn.request.platform, where, tasks, parent, grants)
         return launched(runs) if runs is not None else await self._full(conversation_id)
@@ -264,44 +259,17 @@ class Subagents(Part):
         *,
         nested: bool = False,
     ) -> str | None:
-        everywhere = sum(run.status == "running" for each in self._runs.values() for run in each)
-        here = self._runs.get(place, [])
-        had = await self._store.run_count(conversation_id)
-        choosing = (self._profiles, delegator)
-        return refusal(
-            self.settings,
-            here,
-            had,
-            everywhere,
-            tasks,
-            choosing,
-            self._parts.tools_for,
-            nested=nested,
+        counts = Counts(
+            sum(run.status == "running" for run in self._runs.get(place, [])),
+            await self._store.run_count(conversation_id),
+            sum(run.status == "running" for each in self._runs.values() for run in each),
         )
+        choosing = (self._profiles, delegator)
+        return refusal(self.settings, counts, tasks, choosing, self._parts.tools_for, nested=nested)
 
     async def _full(self, conversation_id: int) -> str:
         """Another delegation took the conversation's last places while this one waited."""
         return total_refusal(self.settings, await self._store.run_count(conversation_id))
-
-    async def _granted(self, delegator: AgentProfile, tasks: Tasks) -> list[frozenset[str]]:
-        """Ask once, before any starts, for the tools needing approval that these tasks would
-        have; each task's grant. The guard raises when the person says no, and nothing is
-        launched."""
-        guard = self._parts.guard
-        if guard is None:
-            return [frozenset()] * len(tasks)
-        grants, needs = [], []
-        for task in tasks:
-            profile = self._profile(delegator, task["profile"])
-            tools = task.get("tools") or self._parts.tools_for(profile)
-            grant = frozenset(name for name in tools if guard.asks(name))
-            grants.append(grant)
-            if grant:
-                who = f"{task.get('name') or _excerpt(task['instruction'])} ({task['profile']})"
-                needs.append(f"{who} use {', '.join(sorted(grant))}")
-        if needs:
-            await guard.grant("; ".join(needs))
-        return grants
 
     async def _launch(
         self,
@@ -355,6 +323,11 @@ class Subagents(Part):
             started.append(run)
         return started
 
+    def _tools_of(self, delegator: AgentProfile, task: dict[str, Any]) -> Sequence[str]:
+        """The tools a task's run would have."""
+        profile = self._profile(delegator, task["profile"])
+        return task.get("tools") or list(self._parts.tools_for(profile))
+
     def _profile(self, delegator: AgentProfile, name: str) -> AgentProfile:
         """A profile the refusal checks found: `delegator` may hand tasks to it."""
         profile = profile_for(self._profiles, delegator, name)
@@ -384,8 +357,3 @@ def _written(transcript: Sequence[SubagentMessage]) -> str:
     died was not stored)."""
     texts = [each.text for each in transcript if each.role == "assistant" and each.text]
     return "\n\n".join(texts) or "(nothing yet)"
-
-
-def _excerpt(instruction: str) -> str:
-    """The start of a task, as a question names it."""
-    return instruction if len(instruction) <= 40 else instruction[:39] + "…"

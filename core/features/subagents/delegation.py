@@ -20,6 +20,7 @@ from core.agent.profile import AgentProfile
 from core.agent.tools import Tool, tool
 from core.features.subagents.runs import Run, SubagentSettings
 from core.text import plural
+from core.turns.parts import ToolGuard
 
 GENERAL = "general"
 GENERAL_PROMPT = (
@@ -126,21 +127,30 @@ def _routed(run: Run) -> str:
     return f" (routed {run.route})" if run.route else ""
 
 
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    """What the caps are checked against."""
+
+    running_here: int
+    """The conversation's runs running now."""
+    had: int
+    """The runs the conversation ever had (the store's count, across restarts)."""
+    running_everywhere: int
+    """This process's runs running now, in every conversation."""
+
+
 def refusal(
     caps: SubagentSettings,
-    here: Sequence[Run],
-    had: int,
-    running_everywhere: int,
+    counts: Counts,
     tasks: Tasks,
     choosing: tuple[Profiles, AgentProfile],
     tools_of: Callable[[AgentProfile], Mapping[str, Tool]],
     *,
     nested: bool = False,
 ) -> str | None:
-    """Why `tasks` cannot be launched, with what to do instead; None if they can. `here`: the
-    conversation's runs this process knows; `had`: how many runs it ever had (the store's
-    count); `choosing`: the profiles and the delegator."""
-    running = sum(run.status == "running" for run in here)
+    """Why `tasks` cannot be launched, with what to do instead; None if they can. `choosing`:
+    the profiles and the delegator."""
+    running, had, running_everywhere = counts.running_here, counts.had, counts.running_everywhere
     if not tasks:
         return "Give at least one task: [{profile, instruction}]."
     if len(tasks) > caps.max_batch:
@@ -199,3 +209,28 @@ def _profile_refusal(
                 f"its profile's tools ({', '.join(offered) or 'none'})."
             )
     return None
+
+
+async def granted(
+    guard: ToolGuard | None, tasks: Tasks, tools_of: Callable[[dict[str, Any]], Sequence[str]]
+) -> list[frozenset[str]]:
+    """Ask once, before any starts, for the tools needing approval that these tasks' runs would
+    have (`tools_of` a task); each task's grant. The guard raises when the person says no, and
+    nothing is launched."""
+    if guard is None:
+        return [frozenset()] * len(tasks)
+    grants, needs = [], []
+    for task in tasks:
+        grant = frozenset(name for name in tools_of(task) if guard.asks(name))
+        grants.append(grant)
+        if grant:
+            who = f"{task.get('name') or _excerpt(task['instruction'])} ({task['profile']})"
+            needs.append(f"{who} use {', '.join(sorted(grant))}")
+    if needs:
+        await guard.grant("; ".join(needs))
+    return grants
+
+
+def _excerpt(instruction: str) -> str:
+    """The start of a task, as a question names it."""
+    return instruction if len(instruction) <= 40 else instruction[:39] + "…"

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from core.agent.messages import UsageTotals
 from core.agent.tools import Tool
+from core.channel import platform_of
+from core.store.tables import SubagentRun
 
 WORD = re.compile(r"[a-z0-9]+(?:[.:/-][a-z0-9]+)*")
 NAME_WORDS = 4
@@ -105,6 +107,21 @@ class Run:
     """Why routing chose its model ('' when it runs its profile's)."""
     granted: frozenset[str] = frozenset()
     """Tools needing approval that a person allowed for this run when it was delegated."""
+
+    @classmethod
+    def read_back(
+        cls, place: str, row: SubagentRun, *, status: str | None = None, report: str | None = None
+    ) -> "Run":
+        """An ended run of a dead process, from its row (with `status` and `report` when they
+        are being changed): its report waits for a turn to carry it."""
+        assert row.id is not None
+        platform = platform_of(place)
+        run = cls(row.id, row.key, row.name, row.profile, row.model, row.task, place, platform)
+        run.status = status or row.status
+        run.report = report if report is not None else row.report or ""
+        run.ended = time.monotonic()
+        run.finished.set()
+        return run
 
     def label(self) -> str:
         return f"{self.name} ({self.key}, {self.profile})"
