@@ -497,20 +497,31 @@ async def test_a_step_that_fails_stops_the_plan_with_what_was_done(make_bot: Bot
     assert progress(bot).splitlines()[1:4] == ["✓ 1. Open the file", "✗ 2. Parse it", "– 3. Report"]
 
 
-async def test_a_model_error_in_a_step_fails_the_plan(make_bot: BotFactory) -> None:
+async def test_a_model_error_in_a_step_says_which_step_failed_and_what_was_done(
+    make_bot: BotFactory,
+) -> None:
+    """The bug: the reply said only "[failed] Ollama answered …", not which step failed nor
+    which were done, as it does for a step the model itself declares failed."""
     bot = planner(make_bot)
     bot.ollama.script(draft("Think", "Answer"))
     bot.ollama.script(verdict(True))
-    bot.ollama.script(Text("Half a thought"), ErrorLine("model runner crashed"))
+    bot.ollama.script(Text("Thought."))
+    bot.ollama.script(Text("Half an answer"), ErrorLine("model runner crashed"))
 
     await bot.send("/plan deep question")
     (reply,) = await bot.channel.finished()
 
     assert reply.outcome is Outcome.FAILED
+    assert reply.note == (
+        "step 2 failed: Ollama reported an error mid-reply: model runner crashed; "
+        "done before it: step 1"
+    )
     plan = await the_plan(bot)
-    assert plan.status == "failed" and "model runner crashed" in (plan.error or "")
-    assert [s["status"] for s in plan.steps] == ["failed", "not_run"]
-    assert plan.steps[0]["result"] == "Half a thought"
+    assert plan.status == "failed" and plan.error == reply.note
+    assert [(s["status"], s["result"]) for s in plan.steps] == [
+        ("done", "Thought."),
+        ("failed", "Half an answer"),
+    ]
 
 
 # -- commands ---------------------------------------------------------------------------------

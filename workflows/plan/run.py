@@ -232,11 +232,15 @@ class PlanRun:
         return BodyEnding(ending.outcome, note or ending.note, ending.wrapped_up)
 
     async def _step(self, index: int) -> None:
-        """Run step `index` with the turn's tools; its answer is its result. A failure (raised,
-        or `step_failed`) fails the plan."""
+        """Run step `index` with the turn's tools; its answer is its result. A failure (the
+        model's error, or `step_failed`) fails the plan, saying which step, why, and which steps
+        were done before it."""
         failure: list[str] = []
         tools = {**self._turn.tools, "step_failed": step_failed_tool(failure)}
-        result = await self._turn.loop(tools).run(self._turn.messages)
+        try:
+            result = await self._turn.loop(tools).run(self._turn.messages)
+        except KaiwaError as exc:  # the model or a limit, not the step's own verdict
+            raise PlanFailed(f"step {index + 1} failed: {exc}{done_before(self.plan)}") from exc
         if failure:
             failed = with_step(self.plan.steps, index, status="failed", result=failure[0])
             await self._save(steps=failed)
