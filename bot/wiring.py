@@ -26,7 +26,7 @@ from core.channel import Channel
 from core.dispatch.commands import Answer
 from core.dispatch.dispatcher import AccessRules, Allowed, Dispatcher
 from core.errors import ConfigError
-from core.features.approvals.commands import AnswerCommand
+from core.features.approvals.commands import AnswerCommand, GrantsCommand
 from core.features.approvals.questions import Approvals, ApprovalSettings
 from core.features.archive import archive_tools
 from core.features.fetch import fetch_tool
@@ -139,6 +139,7 @@ def assemble(
         commands.add(name, plans)
     for name in ("approve", "edit", "deny"):
         commands.add(name, AnswerCommand(approvals))
+    commands.add("grants", GrantsCommand(store))
     return Assembly(runner, dispatcher, subagents, approvals, planning, scheduler, memory, owners)
 
 

@@ -28,6 +28,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("approve", "say yes to a question: /approve <id> (a tool call: /approve <id> here too)"),
     ("edit", "ask for changes to a plan you are asked to approve: /edit <id> <what to change>"),
     ("deny", "say no to a question: /deny <id>"),
+    ("grants", "tools allowed here without asking; /grants revoke <tool|all>"),
     ("help", "list the commands"),
 )
 """Every command and its one-line summary, for /help and for platforms' command menus."""

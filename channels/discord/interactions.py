@@ -33,6 +33,7 @@ COMMANDS_WITH_WORDS = {
     "approve": "ID, or ID here",
     "edit": "ID, then what to change",
     "deny": "ID",
+    "grants": "revoke TOOL, or revoke all",
 }
 """Slash commands that take what follows them (as typed after `!agents`), and its description."""
 THREAD_TYPES = (

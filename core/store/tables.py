@@ -287,6 +287,24 @@ class Approval(SQLModel, table=True):
     )
 
 
+class ToolGrant(SQLModel, table=True):
+    """A tool a person let run without asking for the rest of a conversation ("Allow here",
+    `/approve ID here`): kept with the conversation across restarts, until `/grants revoke`; a
+    new conversation (`/new`) starts without it. One per tool and conversation; `approval_id`
+    is the question it answered."""
+
+    __tablename__ = "tool_grants"
+    __table_args__ = (UniqueConstraint("conversation_id", "tool"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    conversation_id: int = Field(foreign_key="conversations.id", index=True)
+    tool: str = Field(max_length=200)
+    granted_by: str = Field(max_length=200)
+    """The name of the person who allowed it, as the conversation shows it."""
+    approval_id: int | None = Field(default=None, foreign_key="approvals.id")
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
 class Plan(SQLModel, table=True):
     """A `/plan` workflow's plan: what the person asked, its steps, and where it stands:
     `drafting`, `reviewing` (a critic reads the draft; `rounds` counts its rounds), then

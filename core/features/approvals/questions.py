@@ -3,9 +3,10 @@
 A tool named in `[approvals].ask` is wrapped (`Approvals.guard`) so that, in a person's turn,
 calling it first posts a question in the conversation: the call in short (`fetch_url(https://…)`)
 with three buttons, each a command that also works typed: Allow once (`/approve 7`), Allow here
-(`/approve 7 here`: the tool needs no more asking in this conversation, until a restart) and Deny
-(`/deny 7`). The turn waits on a future; nothing else does: the wait holds no lock other
-conversations need, and commands (`/approve`, `/stop`) never wait behind a turn.
+(`/approve 7 here`: the tool needs no more asking in this conversation; the grant is stored, so
+it holds across restarts, until `/grants revoke`; `/new` starts without it) and Deny (`/deny 7`).
+The turn waits on a future; nothing else does: the wait holds no lock other conversations need, and
+commands (`/approve`, `/stop`) never wait behind a turn.
 
 Only the person whose message started the turn, or one of `[approvals].approvers`, may answer;
 anyone else is told why, and nothing changes. The first valid answer wins, in the store too
@@ -108,8 +109,6 @@ class Approvals(Part):
         self._channels = channels
         self.settings = settings
         self._questions: dict[int, _Question] = {}
-        self._granted: set[tuple[str, str]] = set()
-        """(place, tool) allowed for the rest of a conversation."""
         self._closing = False
         """The process is stopping: a question left unanswered expires, as after a kill."""
 
@@ -173,7 +172,7 @@ class Approvals(Part):
         return await self._answer_of(question, wait_seconds)
 
     async def _allowed(self, context: ToolContext, tool: str, call: str, asking: str) -> None:
-        if (context.place, tool) in self._granted:
+        if any(grant.tool == tool for grant in await self._store.grants(context.place)):
             return
         buttons = [
             Button("Allow once", "/approve {key}"),
@@ -184,7 +183,13 @@ class Approvals(Part):
         question = await self._ask(context, tool, call, asking, hint, buttons, DECISIONS, False)
         answer = await self._answer_of(question, self.settings.timeout_seconds)
         if answer.decision == "allowed_here":
-            self._granted.add((context.place, tool))
+            grant = {
+                "tool": tool,
+                "granted_by": answer.by,
+                "approval_id": question.approval.id,
+                "created_at": utc_now(),
+            }
+            await self._store.add_grant(context.place, grant)
         if answer.decision not in ("allowed", "allowed_here"):
             why = (
                 "nobody answered in time"

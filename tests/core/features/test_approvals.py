@@ -106,6 +106,62 @@ async def test_allowed_here_asks_no_more_in_this_conversation(make_bot: BotFacto
     assert bot.channel.notices_in(PLACE)[0] == "echo(hello): ann allowed it for this conversation."
 
 
+async def test_allowed_here_survives_a_restart_until_it_is_revoked(
+    make_bot: BotFactory, store: Store
+) -> None:
+    """The bug: "Allow here" lasted only until a restart. It is stored with the conversation;
+    `/grants` lists it and `/grants revoke` makes the tool ask again."""
+    bot = asks(make_bot)
+    await bot.send("say hello", author="ann")
+    await asked(bot)
+    await bot.send("/approve 1 here", author="ann")
+    await bot.channel.finished()
+    await bot.runner.shutdown()
+
+    restarted = make_bot(bot_store=store, approvals=ASK_ECHO)
+    restarted.ollama.script(ToolCall("echo", {"word": "again"}))
+    restarted.ollama.script(Text("Again."))
+    await restarted.send("say it again", author="ann")
+    await restarted.channel.finished()
+    await restarted.runner.wait_idle(PLACE)
+    await restarted.send("/grants", author="bob")
+    await restarted.send("/grants revoke echo", author="bob")
+    restarted.ollama.script(ToolCall("echo", {"word": "once more"}))
+    await restarted.send("and once more", author="ann")
+    await restarted.channel.wait_until(
+        lambda: any(
+            n.startswith("May I run echo(once more)?") for n in restarted.channel.notices_in(PLACE)
+        ),
+        "asked again",
+    )
+
+    ran = [results(restarted, index) for index in range(len(restarted.ollama.requests))]
+    assert ["echo hello", "echo again"] in ran, "ran without asking after the restart"
+    assert not any("echo(again)" in notice for notice in restarted.channel.notices_in(PLACE))
+    listed, revoked = restarted.channel.notices_in(PLACE)[:2]
+    assert listed.startswith("These tools run here without asking:\n- echo: allowed by ann, ")
+    assert revoked == "echo asks again here before it runs."
+    await restarted.send("/stop", author="ann")
+
+
+async def test_a_new_conversation_starts_without_the_old_ones_grants(
+    make_bot: BotFactory,
+) -> None:
+    bot = asks(make_bot)
+    await bot.send("say hello", author="ann")
+    await asked(bot)
+    await bot.send("/approve 1 here", author="ann")
+    await bot.channel.finished()
+    await bot.runner.wait_idle(PLACE)
+
+    await bot.send("/new", author="ann")
+    await bot.send("/grants", author="ann")
+
+    assert bot.channel.notices_in(PLACE)[-1] == (
+        "No tool runs here without asking (a question's Allow here adds one)."
+    )
+
+
 async def test_a_question_nobody_answers_is_a_denial(make_bot: BotFactory) -> None:
     bot = make_bot(approvals=ApprovalSettings(ask=["echo"], timeout_seconds=0.05))
     bot.ollama.script(ToolCall("echo", {"word": "hello"}))

@@ -259,6 +259,19 @@ async def test_runs_past_a_conversations_total_are_not_stored(any_store: Store) 
     assert [key for _, key in await any_store.start_runs(conversation, turn, two)] == ["a2", "a3"]
 
 
+async def test_a_grant_belongs_to_the_conversation_active_in_its_place(any_store: Store) -> None:
+    started = await any_store.start_turn(TurnStart("t:p", "a", "S.", "person", "hi"))
+    grant = {"tool": "fetch_url", "granted_by": "Ann", "created_at": utc_now()}
+
+    await any_store.add_grant("t:p", grant)
+    await any_store.add_grant("t:p", {**grant, "granted_by": "Bob"})  # granted already
+    assert [(g.tool, g.granted_by) for g in await any_store.grants("t:p")] == [("fetch_url", "Ann")]
+    assert await any_store.grants("t:other") == []
+    await any_store.close_conversation(started.conversation_id)
+    assert await any_store.grants("t:p") == [], "a new conversation starts without it"
+    assert await any_store.revoke_grants("t:p") == 0
+
+
 async def test_closing_an_interrupted_turn_answers_its_tool_calls(any_store: Store) -> None:
     started = await any_store.start_turn(TurnStart("t:p", "a", "S.", "person", "search"))
     calls = (ToolCall("c1", "search", {"q": "x"}), ToolCall("c2", "fetch", {}))
