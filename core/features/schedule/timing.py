@@ -5,6 +5,11 @@ is an APScheduler trigger built from the row (`trigger_of`), so a task at 09:00 
 fires at 09:00 local on both sides of a DST change, whatever `TZ` the process has. `next_run`
 on the row is the next slot, stored in UTC.
 
+**A clock change keeps what the schedule means** (`next_slot`). The hour the clocks show twice
+fires twice for a task that runs by the hour (a wildcard or step in its hour field), once for
+a task at a named hour; a wall time they skip comes as late as they jump, once.
+`test_a_night_the_clocks_change_fires_every_slot_it_means_once`.
+
 **Missed slots never storm.** A firing later than `misfire_grace_seconds` (Kaiwa was down, or
 busy) looks at every slot it missed (`due`): `once` runs the latest one, marked late; `skip`
 records it as `missed` and runs nothing. Either way one row stands for them all
@@ -20,6 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.cron.expressions import AllExpression
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
@@ -102,20 +108,38 @@ def cron_trigger(expression: str, zone: ZoneInfo) -> CronTrigger:
 def next_slot(trigger: BaseTrigger, after: datetime) -> datetime | None:
     """The first slot strictly after `after` (UTC), or None when there is none (a date past).
 
-    A cron time the clocks go through twice (02:30 on the night summer time ends) is one slot,
-    the first; a time they skip (02:30 on the night it starts) comes an hour later, once."""
+    The night the clocks go back they show an hour twice (02:00-03:00 in Europe/Berlin, CEST
+    then CET). A cron task whose hour field matches that hour by a wildcard or a step (`*`,
+    `*/2`, `2-23/3`) fires in both passes: every elapsed hour that matches, as cron runs `*`. One
+    that names the hour (`30 2 * * *`, `1,2`, `2-4`) fires in the first pass only, once that
+    night. The night they go forward, a wall time they skip (02:30) comes as late as they jump
+    (03:30 CEST), once, whatever the hour field. Intervals count elapsed time: no clock change
+    moves them."""
     following = trigger.get_next_fire_time(None, after + timedelta(microseconds=1))
-    while following is not None and isinstance(trigger, CronTrigger) and _second_pass(following):
+    while isinstance(trigger, CronTrigger) and following is not None:
+        local = aware(following).astimezone(trigger.timezone)
+        if not _second_pass(local) or _hour_by_cadence(trigger, local):
+            break
         following = trigger.get_next_fire_time(None, aware(following) + timedelta(microseconds=1))
     if following is None or aware(following) <= after:  # a date trigger's date, already past
         return None
     return aware(following)
 
 
-def _second_pass(moment: datetime) -> bool:
-    """`moment` is the second time its zone's clocks show its wall time (the repeated hour)."""
-    local = aware(moment).astimezone(moment.tzinfo)
+def _second_pass(local: datetime) -> bool:
+    """`local` is the second time its zone's clocks show its wall time (the repeated hour)."""
     return local.fold == 1 and local.replace(fold=0).utcoffset() != local.utcoffset()
+
+
+def _hour_by_cadence(trigger: CronTrigger, local: datetime) -> bool:
+    """A wildcard or a step of the trigger's hour field matches `local`'s hour (a part that
+    names hours, `2` or `2-4`, does not count)."""
+    hours = trigger.fields[CronTrigger.FIELD_NAMES.index("hour")]
+    return any(
+        (type(part) is AllExpression or part.step)
+        and part.get_next_value(local, hours) == local.hour
+        for part in hours.expressions
+    )
 
 
 def describe_schedule(task: ScheduledTask) -> str:

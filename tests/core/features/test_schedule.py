@@ -7,6 +7,7 @@ between a firing and a person's turn is by the fake's pauses.
 
 import asyncio
 import os
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ from core.features.schedule.timing import (
     TaskError,
     When,
     aware,
+    due,
     next_slot,
     trigger_of,
 )
@@ -34,6 +36,7 @@ from tests.harness import PLACE, Bot, BotFactory
 
 ANN = ToolContext("test", PLACE, "ann", "person")
 PARIS = "Europe/Paris"
+BERLIN = "Europe/Berlin"
 
 
 class Clock:
@@ -128,6 +131,236 @@ def test_the_same_slots_under_any_tz() -> None:
     time.tzset()
     assert seen[0] == seen[1] == seen[2]
     assert seen[0] == [utc(2026, 10, 25, 0, 30), utc(2026, 10, 26, 1, 30)], "CEST, then CET"
+
+
+def cron_task(cron: str, zone: str = BERLIN) -> ScheduledTask:
+    """A task row as far as its slots go (built, not constructed: that sets up its mapping)."""
+    return ScheduledTask(cron=cron, timezone=zone)
+
+
+def slots_after(task: ScheduledTask, after: datetime, count: int) -> list[datetime]:
+    """The task's next `count` slots after `after`, each found from the one before."""
+    trigger, slots = trigger_of(task), []
+    for _ in range(count):
+        slot = next_slot(trigger, slots[-1] if slots else after)
+        assert slot is not None
+        slots.append(slot)
+    return slots
+
+
+def slot_told(prompt: str) -> str:
+    """The slot's local time a firing's prompt gives the model ("02:30 CET")."""
+    found = re.search(r", for \w+ \d+ \w+ \d+ (\d\d:\d\d \w+)", prompt)
+    assert found is not None, prompt
+    return found.group(1)
+
+
+FALL_BACK = utc(2026, 10, 24, 22)
+"""00:00 CEST on 25 October 2026; at 01:00 UTC (03:00 CEST) Berlin's clocks go back to 02:00 CET."""
+SPRING_FORWARD = utc(2026, 3, 28, 23)
+"""00:00 CET on 29 March 2026; at 01:00 UTC (02:00 CET) Berlin's clocks go forward to 03:00 CEST."""
+
+
+@pytest.mark.parametrize(
+    ("cron", "after", "slots"),
+    [
+        pytest.param(
+            "30 * * * *",
+            FALL_BACK,
+            [
+                utc(2026, 10, 24, 22, 30),
+                utc(2026, 10, 24, 23, 30),
+                utc(2026, 10, 25, 0, 30),
+                utc(2026, 10, 25, 1, 30),
+                utc(2026, 10, 25, 2, 30),
+            ],
+            id="hourly, clocks back: 02:30 CEST and 02:30 CET",
+        ),
+        pytest.param(
+            "30 2 * * *",
+            FALL_BACK,
+            [utc(2026, 10, 25, 0, 30), utc(2026, 10, 26, 1, 30)],
+            id="fixed 02:30, clocks back: the first 02:30 only",
+        ),
+        pytest.param(
+            "30 */2 * * *",
+            FALL_BACK,
+            [
+                utc(2026, 10, 24, 22, 30),
+                utc(2026, 10, 25, 0, 30),
+                utc(2026, 10, 25, 1, 30),
+                utc(2026, 10, 25, 3, 30),
+            ],
+            id="every 2 hours, clocks back: both 02:30",
+        ),
+        pytest.param(
+            "30 1-23/3 * * *",
+            FALL_BACK,
+            [utc(2026, 10, 24, 23, 30), utc(2026, 10, 25, 3, 30)],
+            id="a step that skips 2 o'clock: 01:30 CEST, 04:30 CET",
+        ),
+        pytest.param(
+            "30 2-23/3 * * *",
+            FALL_BACK,
+            [utc(2026, 10, 25, 0, 30), utc(2026, 10, 25, 1, 30), utc(2026, 10, 25, 4, 30)],
+            id="a step from 2 o'clock: both 02:30, then 05:30 CET",
+        ),
+        pytest.param(
+            "30 2,3-23/5 * * *",
+            FALL_BACK,
+            [utc(2026, 10, 25, 0, 30), utc(2026, 10, 25, 2, 30)],
+            id="2 o'clock listed, not a step's: once",
+        ),
+        pytest.param(
+            "30 * * * *",
+            utc(2026, 10, 25, 0, 45),
+            [utc(2026, 10, 25, 1, 30), utc(2026, 10, 25, 2, 30)],
+            id="hourly, from inside the first 2 o'clock",
+        ),
+        pytest.param(
+            "30 2 * * *",
+            utc(2026, 10, 25, 0, 45),
+            [utc(2026, 10, 26, 1, 30)],
+            id="fixed 02:30, from after the first 02:30: tomorrow",
+        ),
+        pytest.param(
+            "30 * * * *",
+            SPRING_FORWARD,
+            [
+                utc(2026, 3, 28, 23, 30),
+                utc(2026, 3, 29, 0, 30),
+                utc(2026, 3, 29, 1, 30),
+                utc(2026, 3, 29, 2, 30),
+            ],
+            id="hourly, clocks forward: 00:30, 01:30 CET, 03:30, 04:30 CEST",
+        ),
+        pytest.param(
+            "30 2 * * *",
+            SPRING_FORWARD,
+            [utc(2026, 3, 29, 1, 30), utc(2026, 3, 30, 0, 30)],
+            id="fixed 02:30, clocks forward: 03:30 CEST, once",
+        ),
+        pytest.param(
+            "30 */2 * * *",
+            SPRING_FORWARD,
+            [utc(2026, 3, 28, 23, 30), utc(2026, 3, 29, 1, 30), utc(2026, 3, 29, 2, 30)],
+            id="every 2 hours, clocks forward: 02:30 comes at 03:30 CEST",
+        ),
+    ],
+)
+def test_next_slot_on_the_nights_the_clocks_change(
+    cron: str, after: datetime, slots: list[datetime]
+) -> None:
+    """Regression (issue 26): an hourly task skipped the second 02:30 the night the clocks go
+    back. A wildcard or step hour fires every elapsed hour that matches, a fixed hour once."""
+    assert slots_after(cron_task(cron), after, len(slots)) == slots
+
+
+def test_an_hourly_task_in_new_york_fires_in_both_passes_of_its_repeated_hour() -> None:
+    """America/New_York repeats 01:00-02:00 on 1 November 2026 (EDT, then EST)."""
+    hourly = cron_task("15 * * * *", "America/New_York")
+    assert slots_after(hourly, utc(2026, 11, 1, 4), 4) == [
+        utc(2026, 11, 1, 4, 15),
+        utc(2026, 11, 1, 5, 15),
+        utc(2026, 11, 1, 6, 15),
+        utc(2026, 11, 1, 7, 15),
+    ]
+
+
+def test_an_interval_task_counts_elapsed_time_through_a_clock_change() -> None:
+    """Every 60 minutes is every real hour, whatever the wall clocks do."""
+    every_hour = ScheduledTask(interval_seconds=3600, created_at=FALL_BACK, timezone=BERLIN)
+    slots = slots_after(every_hour, utc(2026, 10, 24, 23, 30), 4)
+    assert slots == [FALL_BACK + timedelta(hours=hours) for hours in (2, 3, 4, 5)]
+
+
+def test_slots_missed_across_the_repeated_hour_count_both_passes() -> None:
+    """Down from before the first 02:30 to after 03:30 CET: three hourly slots were missed."""
+    hourly = cron_task("30 * * * *")
+    hourly.next_run = utc(2026, 10, 25, 0, 30)
+    slots = due(hourly, utc(2026, 10, 25, 2, 45), 300)
+    assert (slots.latest, slots.count, slots.late, slots.upcoming) == (
+        utc(2026, 10, 25, 2, 30),
+        3,
+        True,
+        utc(2026, 10, 25, 3, 30),
+    )
+
+
+@pytest.mark.parametrize(
+    ("cron", "evening", "fired"),
+    [
+        pytest.param(
+            "30 * * * *",
+            FALL_BACK,
+            [
+                (utc(2026, 10, 24, 22, 30), "00:30 CEST"),
+                (utc(2026, 10, 24, 23, 30), "01:30 CEST"),
+                (utc(2026, 10, 25, 0, 30), "02:30 CEST"),
+                (utc(2026, 10, 25, 1, 30), "02:30 CET"),
+                (utc(2026, 10, 25, 2, 30), "03:30 CET"),
+                (utc(2026, 10, 25, 3, 30), "04:30 CET"),
+            ],
+            id="hourly, clocks back",
+        ),
+        pytest.param(
+            "30 2 * * *",
+            FALL_BACK,
+            [(utc(2026, 10, 25, 0, 30), "02:30 CEST")],
+            id="fixed 02:30, clocks back",
+        ),
+        pytest.param(
+            "30 */2 * * *",
+            FALL_BACK,
+            [
+                (utc(2026, 10, 24, 22, 30), "00:30 CEST"),
+                (utc(2026, 10, 25, 0, 30), "02:30 CEST"),
+                (utc(2026, 10, 25, 1, 30), "02:30 CET"),
+                (utc(2026, 10, 25, 3, 30), "04:30 CET"),
+            ],
+            id="every 2 hours, clocks back",
+        ),
+        pytest.param(
+            "30 * * * *",
+            SPRING_FORWARD,
+            [
+                (utc(2026, 3, 28, 23, 30), "00:30 CET"),
+                (utc(2026, 3, 29, 0, 30), "01:30 CET"),
+                (utc(2026, 3, 29, 1, 30), "03:30 CEST"),
+                (utc(2026, 3, 29, 2, 30), "04:30 CEST"),
+                (utc(2026, 3, 29, 3, 30), "05:30 CEST"),
+                (utc(2026, 3, 29, 4, 30), "06:30 CEST"),
+            ],
+            id="hourly, clocks forward",
+        ),
+        pytest.param(
+            "30 2 * * *",
+            SPRING_FORWARD,
+            [(utc(2026, 3, 29, 1, 30), "03:30 CEST")],
+            id="fixed 02:30, clocks forward",
+        ),
+    ],
+)
+async def test_a_night_the_clocks_change_fires_every_slot_it_means_once(
+    make_bot: BotFactory, cron: str, evening: datetime, fired: list[tuple[datetime, str]]
+) -> None:
+    """Regression (issue 26): `30 * * * *` in Europe/Berlin fired at 02:30 CEST and next at
+    03:30 CET, two real hours later, skipping 02:30 CET. The clock walks the night in quarter
+    hours; each run is on time and the model is told the slot's local time."""
+    clock = Clock(evening)
+    bot, scheduler = scheduled(make_bot, clock)
+    bot.ollama.default = [Text("Checked.")]
+    task = await scheduler.create(ANN, "assistant", "check", When(cron, timezone=BERLIN))
+    while clock.now < evening + timedelta(hours=6):
+        clock.now += timedelta(minutes=15)
+        await fire(scheduler)
+
+    runs = await bot.store.task_runs(task.id or 0, 20)
+    assert [(aware(run.fire_time), run.late) for run in reversed(runs)] == [
+        (slot, False) for slot, _ in fired
+    ]
+    told = [slot_told(request["messages"][-1]["content"]) for request in bot.ollama.requests]
+    assert told == [local for _, local in fired]
 
 
 async def test_an_interval_task_and_a_one_shot_that_ends_itself(make_bot: BotFactory) -> None:
