@@ -11,6 +11,18 @@ Why it is shaped this way:
   (`Compactor`), only at a safe point: before a model call, when every tool call has its result.
   The cut never falls on a tool result, so a call and its result stay together. If the summary
   cannot be written, the oldest messages are dropped instead: never an overflow.
+- No request of any kind (a chat call, a nudged one, the wrap-up call without tools, a summary
+  call) goes out larger than the window with its answer's room. When one would, whose message
+  is too large decides, before any summary is asked for (a compaction cannot shorten the
+  messages from the last possible cut on): the message that opened the turn (a person's, a
+  scheduled task's) is refused at once, naming whose it is (`Author`), since shortening what
+  someone asked would answer something else; a tool's result, or a call's arguments, is
+  shortened in the request (`core.agent.shortening`: the model is told what was left out) and
+  the turn goes on, the log naming the tool, while the store keeps both whole (`on_shortened`);
+  a system prompt with tools' schemas that leave no room for a message is refused, naming the
+  largest schemas (`schema_share`). A summary request shortens every message of its transcript,
+  a tool call's arguments too; one that would still not fit is not sent, and the older messages
+  are dropped.
 - This module imports no turn path, store or channel, so any agent loop can use it; the
   `on_compacted` callback is where a caller stores what was replaced.
 
@@ -22,13 +34,15 @@ chat template renders that one, while some drop a system message found later in 
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from core.agent.messages import Usage
-from core.agent.model import ModelReply, StatusCallback
+from core.agent.model import StatusCallback
 from core.agent.profile import AgentProfile
+from core.agent.shortening import NoSummary, Summarizer, SummaryModel, cut_to_fit, named
+from core.agent.tools import Tool
 from core.errors import KaiwaError, ModelError
 from core.text import plural
 
@@ -48,35 +62,13 @@ CACHED_COUNT_SHARE = 0.5
 """A reported size under this share of the estimate is taken for a count Ollama cut short by its
 prompt cache, and not learnt from."""
 SUMMARY_HEADER = "[Summary of the earlier conversation, which no longer fits the context window]"
-SUMMARIZE = (
-    "You keep a long conversation within a context window. Summarize the transcript below for "
-    "your own later use: the summary replaces it. Keep every fact, name, number, decision, "
-    "preference, open question and promise; say which tools were used and what they found "
-    "when it still matters. Write short plain paragraphs or bullet points, at most about "
-    "{words} words, and nothing else."
-)
-TRANSCRIPT_MESSAGE_SHARE = 0.25
-"""A single message longer than this share of a summary request is shortened in the transcript
-(its start and end kept)."""
+SCHEMA_SHARE_WARNING = 0.25
+"""Tools' schemas that take more than this share of a window leave too little for the
+conversation: `kaiwa check` says which to drop (`SchemaShare.to_drop`)."""
 
 
 class ContextOverflow(KaiwaError):
-    """What must be sent cannot fit the window even after compaction."""
-
-
-class SummaryModel(Protocol):
-    async def chat(
-        self,
-        model: str,
-        messages: Sequence[dict[str, Any]],
-        reply: ModelReply,
-        on_chunk: Callable[[str, str], None],
-        *,
-        tools: Sequence[dict[str, Any]] = (),
-        think: bool | None = None,
-        on_status: StatusCallback = ...,
-        options: dict[str, Any] | None = None,
-    ) -> ModelReply: ...
+    """What must be sent cannot fit the window: the message says whose part is too large."""
 
 
 @dataclass(frozen=True)
@@ -219,8 +211,58 @@ def prompt_and_summary(message: dict[str, Any]) -> tuple[str, str]:
     return prompt, summary
 
 
+@dataclass(frozen=True)
+class Author:
+    """Whose message opens a turn's requests, as a refusal names it, and what they can do."""
+
+    whose: str = "the latest message"
+    remedy: str = "shorten it"
+
+
+@dataclass(frozen=True)
+class SchemaShare:
+    """How much of a window the schemas of the tools an agent is offered take: every request that
+    offers tools carries them all, before any message."""
+
+    window: int
+    tokens: int
+    """Every schema together, estimated as a request's (`raw_estimate`)."""
+    by_tool: tuple[tuple[str, int], ...]
+    """Each tool's name and its own schema's tokens, the largest first."""
+
+    @property
+    def share(self) -> float:
+        return self.tokens / self.window
+
+    def to_drop(self, share: float = SCHEMA_SHARE_WARNING) -> tuple[str, ...]:
+        """The fewest tools, the largest first, without which the rest take at most `share` of
+        the window; none if they already do."""
+        over = self.tokens - share * self.window
+        dropped: list[str] = []
+        for name, tokens in self.by_tool:
+            if over <= 0:
+                break
+            dropped.append(name)
+            over -= tokens
+        return tuple(dropped)
+
+
+def schema_share(tools: Iterable[Tool], window: int) -> SchemaShare:
+    """The tokens the schemas of `tools` (all an agent is offered) take in a `window`-token
+    context window, and which take the most."""
+    return _schema_share([tool.schema() for tool in tools], window)
+
+
+def _schema_share(schemas: Sequence[dict[str, Any]], window: int) -> SchemaShare:
+    sizes = [(schema["function"]["name"], raw_estimate([], [schema])) for schema in schemas]
+    sizes.sort(key=lambda size: (-size[1], size[0]))
+    return SchemaShare(window, raw_estimate([], schemas), tuple(sizes))
+
+
 class Compactor:
-    """Keeps one conversation's requests inside its window; one per loop run."""
+    """Keeps one conversation's requests inside its window; one per loop run. `author` names the
+    message that opens the requests when it is refused; `on_shortened` hears that a tool result
+    or call in the messages was shortened in place (the caller's stored copy keeps it whole)."""
 
     def __init__(
         self,
@@ -229,12 +271,19 @@ class Compactor:
         settings: ContextSettings,
         calibration: Calibration,
         on_compacted: Callable[[Compaction], None],
+        *,
+        author: Author = Author(),
+        on_shortened: Callable[[], None] = lambda: None,
     ) -> None:
-        self._model = model
         self._model_name = model_name
         self.settings = settings
         self.calibration = calibration
         self._on_compacted = on_compacted
+        self._author = author
+        self._on_shortened = on_shortened
+        self._summarizer = Summarizer(
+            model, model_name, settings.window, settings.answer_reserve, self._size, CHARS_PER_TOKEN
+        )
 
     @property
     def options(self) -> dict[str, Any]:
@@ -248,16 +297,19 @@ class Compactor:
         tools: Sequence[dict[str, Any]] = (),
         on_status: StatusCallback = lambda _: None,
     ) -> None:
-        """Before a model call (a safe point): compact `messages` in place if the request
-        (`messages` + `extra`, with `tools`) would pass the threshold; raise `ContextOverflow`
-        if it cannot fit even then. Then remember the request's size for calibration."""
-        raw = raw_estimate([*messages, *extra], tools)
-        if self.calibration.scaled(raw) > self._limit():
-            await self.compact(messages, extra, tools, on_status=on_status)
-            raw = raw_estimate([*messages, *extra], tools)
-            if self.calibration.scaled(raw) + self.settings.answer_reserve > self.settings.window:
-                raise self._overflow(messages, extra, tools)
-        self.calibration.sent(raw)
+        """Before a model call (a safe point): make the request (`messages` + `extra`, with
+        `tools`) fit the window with the answer's room. Past the threshold, first the messages
+        no compaction can remove are made to fit (tool results and calls shortened) or refused
+        (`ContextOverflow`, before any summary is asked for), then older messages are compacted
+        in place. Then the request's size is remembered for calibration."""
+        if self._size(messages, extra, tools) > self._limit():
+            self._make_room(messages, extra, tools)
+            if self._size(messages, extra, tools) > self._limit():
+                await self.compact(messages, extra, tools, on_status=on_status)
+                needed = self._size(messages, extra, tools) + self.settings.answer_reserve
+                if needed > self.settings.window:
+                    raise self._overflow(needed)
+        self.calibration.sent(raw_estimate([*messages, *extra], tools))
 
     def reported(self, prompt_tokens: int) -> None:
         """A model call returned: what the model said it read."""
@@ -274,8 +326,9 @@ class Compactor:
     ) -> Compaction | None:
         """Replace the older messages by a summary, keeping the most recent ones that fit in
         `keep_tokens` (by default a share of the window; at least the latest message); None if
-        there is nothing older to replace. `on_compacted` hears of it before `messages` changes
-        (its indexes are still those of the list it was given)."""
+        there is nothing older to replace. The summary is at most `SUMMARY_SHARE` of the window,
+        less if the kept messages leave less room. `on_compacted` hears of it before
+        `messages` changes (its indexes are still those of the list it was given)."""
         start = 1
         if keep_tokens is None:
             keep_tokens = self._limit() * KEEP_SHARE - self._size([messages[0]], extra, tools)
@@ -284,18 +337,21 @@ class Compactor:
             return None
         prompt, earlier = prompt_and_summary(messages[0])
         older = messages[start:first_kept]
+        room = self._room_beside(prompt, messages[first_kept:], extra, tools)
+        longest = min(self._summary_cap(), room)
         on_status("compacting the conversation…")
         try:
-            summary, calls = await self._summarize(earlier, older)
+            summary, calls = await self._summarizer.write(earlier, older, longest)
             method = "summary"
-        except ModelError as exc:
+        except (ModelError, NoSummary) as exc:
             logger.warning(
                 "the summary of %d older %s could not be written (%s); they are dropped instead",
                 len(older),
                 plural(len(older), "message"),
                 exc,
             )
-            summary, calls, method = earlier, (), "dropped"
+            summary = earlier if self._text_size(earlier) <= room else ""
+            calls, method = [], "dropped"
         compacted = [system_message(prompt, summary), *messages[first_kept:]]
         compaction = Compaction(
             first_kept,
@@ -329,48 +385,65 @@ class Compactor:
             first_kept = index
         return first_kept
 
-    async def _summarize(
-        self, earlier: str, older: Sequence[dict[str, Any]]
-    ) -> tuple[str, list[Usage]]:
-        """The summary of `earlier` (a summary already made) and `older`, written piece by piece
-        so that no summary request passes the window; with what each call cost."""
-        longest = math.ceil(self.settings.window * SUMMARY_SHARE)
-        instructions = {"role": "system", "content": SUMMARIZE.format(words=longest * 3 // 4)}
-        room = self.settings.window - self.settings.answer_reserve - longest
-        room -= self._size([instructions]) + self._text_size(earlier)
-        calls: list[Usage] = []
-        summary = earlier
-        for lines in self._pieces(older, room):
-            head = f"Summary so far:\n{summary}\n\nTranscript:\n" if summary else "Transcript:\n"
-            reply = await self._model.chat(
-                self._model_name,
-                [instructions, {"role": "user", "content": head + "\n".join(lines)}],
-                ModelReply(),
-                lambda _text, _thinking: None,
-                think=False,
-                options={**self.options, "num_predict": longest},
-            )
-            calls.append(reply.usage)
-            summary = reply.text.strip()
-            if not summary:
-                raise EmptySummary(f"{self._model_name} wrote an empty summary")
-        return summary, calls
+    def _make_room(
+        self,
+        messages: list[dict[str, Any]],
+        extra: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]],
+    ) -> None:
+        """Make the messages from the last possible cut on (which every compaction keeps) fit
+        beside the system prompt, `extra`, the tools and the answer's reserve, with room left
+        for a summary of any older ones: tool results and calls there are shortened in place;
+        a message that cannot fit otherwise is refused."""
+        start = self._first_kept(messages, 1, 0)
+        prompt, earlier = prompt_and_summary(messages[0])
+        fixed = self._size([system_message(prompt)], extra, tools)
+        room = self.settings.window - self.settings.answer_reserve - fixed
+        summary = self._summary_cap() if start > 1 or earlier else 0
+        kept = self._size(messages[start:])
+        if kept <= room - summary or self._shorten(messages, start, room - summary):
+            return
+        if kept > room:  # else it fits beside a shorter summary, or none
+            raise self._refusal(messages[start:], fixed, tools)
 
-    def _pieces(self, older: Sequence[dict[str, Any]], room: int) -> list[list[str]]:
-        """`older` as transcript lines, in consecutive pieces of at most `room` tokens each (a
-        message too long for a piece is shortened, its start and end kept)."""
-        limit = max(200, int(room * TRANSCRIPT_MESSAGE_SHARE * CHARS_PER_TOKEN))
-        pieces: list[list[str]] = [[]]
-        filled = 0
-        for message in older:
-            line = _line(message, limit)
-            size = self._text_size(line)
-            if pieces[-1] and filled + size > room:
-                pieces.append([])
-                filled = 0
-            pieces[-1].append(line)
-            filled += size
-        return pieces
+    def _shorten(self, messages: list[dict[str, Any]], start: int, budget: float) -> bool:
+        """Cut the tool results and call arguments of `messages[start:]` (`cut_to_fit`) so that
+        they fit `budget` tokens; False (nothing changed) if they cannot."""
+        kept = messages[start:]
+        shorter = cut_to_fit(
+            kept, lambda cut: self._size(cut) <= budget, self._text_size, self.settings.window
+        )
+        if shorter is None:
+            return False
+        for index, (message, cut) in enumerate(zip(kept, shorter, strict=True), start):
+            if cut is not message:
+                messages[index] = cut
+                logger.warning(
+                    "%s is about %d tokens, more than the %d-token context window of %s holds "
+                    "beside the rest; the model is shown its start and end (raise %s to give "
+                    "it whole)",
+                    named(message),
+                    self._size([message]),
+                    self.settings.window,
+                    self._model_name,
+                    self.settings.setting,
+                )
+        self._on_shortened()
+        return True
+
+    def _summary_cap(self) -> int:
+        return math.ceil(self.settings.window * SUMMARY_SHARE)
+
+    def _room_beside(
+        self,
+        prompt: str,
+        kept: Sequence[dict[str, Any]],
+        extra: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]],
+    ) -> int:
+        """The tokens a summary may take beside the prompt and the `kept` messages."""
+        beside = self._size([system_message(prompt, SUMMARY_HEADER), *kept], extra, tools)
+        return self.settings.window - self.settings.answer_reserve - beside
 
     def _size(
         self,
@@ -383,36 +456,52 @@ class Compactor:
     def _text_size(self, text: str) -> int:
         return self.calibration.size([{"content": text}])
 
-    def _overflow(
-        self,
-        messages: Sequence[dict[str, Any]],
-        extra: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]],
+    def _refusal(
+        self, kept: Sequence[dict[str, Any]], fixed: int, tools: Sequence[dict[str, Any]]
     ) -> ContextOverflow:
-        last = self._size([messages[-1]])
+        """Why the messages every compaction keeps (`kept`) cannot fit, naming whose they are:
+        theirs if the largest takes more than half of what the window leaves beside the
+        answer's reserve, else the system prompt's and the tools'."""
+        window, reserve = self.settings.window, self.settings.answer_reserve
+        setting = self.settings.setting
+        schemas = _schemas_hint(_schema_share(tools, window))
+        largest = max(kept, key=lambda message: self._size([message]), default={})
+        if self._size([largest]) * 2 <= window - reserve:
+            return ContextOverflow(
+                f"the system prompt and the tools' schemas take about {fixed:,} tokens, and with "
+                f"{reserve:,} kept for the answer they leave too little room for the messages "
+                f"of this request in the model's {window:,}-token context window: raise "
+                f"{setting}{schemas}"
+            )
+        needed = fixed + self._size(kept) + reserve
+        if largest.get("role") == "user":
+            return ContextOverflow(
+                f"{self._author.whose} is about {self._size([largest]):,} tokens, and with the "
+                f"system prompt, the tools and {reserve:,} kept for the answer the request "
+                f"needs about {needed:,} of the model's {window:,}-token context window: "
+                f"{self._author.remedy}, or raise {setting}{schemas}"
+            )
         return ContextOverflow(
-            f"the latest message is about {last:,} tokens and, with the rest, the request needs "
-            f"about {self._size(messages, extra, tools) + self.settings.answer_reserve:,} of the "
-            f"model's {self.settings.window:,}-token context window; send something shorter, or "
-            f"raise {self.settings.setting}"
+            f"{named(largest)} is about {self._size([largest]):,} tokens, more than the "
+            f"model's {window:,}-token context window holds beside the system prompt, the "
+            f"tools and {reserve:,} kept for the answer: raise {setting}{schemas}"
+        )
+
+    def _overflow(self, needed: int) -> ContextOverflow:
+        return ContextOverflow(
+            f"even with the earlier conversation summarized, the request needs about "
+            f"{needed:,} tokens of the model's {self.settings.window:,}-token context window "
+            f"({self.settings.answer_reserve:,} of them kept for the answer): raise "
+            f"{self.settings.setting}"
         )
 
 
-class EmptySummary(ModelError):
-    """The model answered a summary request with nothing."""
-
-
-def _line(message: dict[str, Any], limit: int) -> str:
-    role = message.get("role", "")
-    content = str(message.get("content") or "")
-    if len(content) > limit:
-        half = limit // 2
-        content = f"{content[:half]} […] {content[-half:]}"
-    if role == "tool":
-        return f"Tool {message.get('tool_name', '')} returned: {content}"
-    calls = [
-        f"{call['function']['name']}({json.dumps(call['function'].get('arguments', {}))})"
-        for call in message.get("tool_calls") or ()
-    ]
-    said = f"{role.capitalize()}: {content}" if content else f"{role.capitalize()}:"
-    return f"{said} [called {', '.join(calls)}]" if calls else said
+def _schemas_hint(share: SchemaShare) -> str:
+    """What a refusal adds when the tools' schemas take too much of the window."""
+    drop = share.to_drop()
+    if not drop:
+        return ""
+    return (
+        f" (the tools' schemas alone take about {share.tokens:,} tokens; offering fewer "
+        f"would help, the largest first: {', '.join(drop)})"
+    )

@@ -23,7 +23,10 @@ tests/core/agent/test_loop.py):
   `DegenerateTurn`;
 - a sink that raises is logged and ignored: observers never change the outcome;
 - with a `Compactor`, every model call is a safe point: before it (every tool call has its
-  result by then) the request is fitted to the window, and every request carries `num_ctx`;
+  result by then) the request is fitted to the window, and every request carries `num_ctx`. No
+  call goes out larger than the window, the nudged one and the wrap-up call included: a tool's
+  result or a call's arguments too large for it is shortened in the request, and a message
+  that cannot fit is refused (`ContextOverflow` names whose it is, before any summary is made);
 - an answer the model ended at its output limit (`done_reason` "length") is kept as partial and
   the result says it was cut;
 - a `final` tool that succeeds ends the loop once every call of its batch has its result; its

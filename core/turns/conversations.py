@@ -13,7 +13,11 @@ running turn's messages are keyed once its row is stored). Whenever the store an
 disagree (a turn that could not be saved, a reply that did not end `done` and so carries a
 cut-off mark in the store's history, a compaction that could not be stored), the copy is dropped
 and the next turn reads the store again: the store is the truth, and the request for a turn is
-the same whether or not Kaiwa restarted before it.
+the same whether or not Kaiwa restarted before it. So is a copy in which a tool's result or a
+call's arguments were shortened to fit the window (the store keeps them whole).
+
+A refusal of a message too large for the window names whose it is by the turn's provenance
+(`AUTHORS`): the person's, a scheduled task's, or the sub-agents' reports a turn carries.
 """
 
 import asyncio
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.agent.context import (
+    Author,
     Calibration,
     Compaction,
     Compactor,
@@ -40,9 +45,16 @@ from core.store.history import MessageKey, history_entries
 from core.turns.body import TurnBody
 from core.turns.lru import PinnedLRU
 from core.turns.recording import TurnRecorder
-from core.turns.turn import TurnRequest, TurnResult, TurnSettings
+from core.turns.turn import Provenance, TurnRequest, TurnResult, TurnSettings
 
 logger = logging.getLogger(__name__)
+
+AUTHORS = {
+    Provenance.PERSON: Author("your message", "send something shorter"),
+    Provenance.SCHEDULE: Author("this scheduled task's message", "shorten the task's text"),
+    Provenance.SUBAGENT: Author("the sub-agents' reports", "ask for shorter reports"),
+}
+"""Whose message opens a turn, by the turn's provenance, as a refusal of it says."""
 
 
 class ConversationBusy(KaiwaError):
@@ -78,6 +90,9 @@ class Conversation:
     compactions: int = 0
     agent: AgentProfile | None = None
     """The agent the conversation runs, known once its history is read."""
+    shortened: bool = False
+    """A tool result or call of `messages` was shortened to fit the window (the store keeps it
+    whole): the copy is read again from the store after the turn."""
 
 
 @dataclass(eq=False)
@@ -150,6 +165,7 @@ class Conversations:
             conversation.keys = [None, *(key for _, key in entries)]
             conversation.calibration = Calibration()
             conversation.compactions = stored.compactions
+            conversation.shortened = False
         return conversation.messages
 
     def agent_of(self, place: str, stored: str | None) -> AgentProfile:
@@ -197,22 +213,35 @@ class Conversations:
     def compactor(
         self, conversation: Conversation, recorder: TurnRecorder, context: ContextSettings
     ) -> Compactor:
-        """The compactor of a turn's loops: a compaction is stored with the turn."""
+        """The compactor of a turn's loops (the conversation's running turn): a compaction is
+        stored with the turn; a refusal names whose message it is."""
 
         def compacted(compaction: Compaction) -> None:
             _key_running_turn(conversation, recorder)
             recorder.compacted(self._record(conversation, compaction), compaction.calls)
 
-        agent = conversation.agent
+        def shortened() -> None:
+            conversation.shortened = True
+
+        agent, running = conversation.agent, conversation.running
         assert agent is not None
-        return Compactor(self._model, agent.model, context, conversation.calibration, compacted)
+        return Compactor(
+            self._model,
+            agent.model,
+            context,
+            conversation.calibration,
+            compacted,
+            author=AUTHORS[running.request.provenance] if running else Author(),
+            on_shortened=shortened,
+        )
 
     def settle(self, conversation: Conversation, recorder: TurnRecorder, outcome: Outcome) -> None:
         """The turn is stored: its messages are keyed by its row. A reply that did not end
         `done` (stopped, failed, cut) is read again next time from the store, with the mark its
         history gives it, so the next request is the one a restarted Kaiwa would send (and
-        Ollama's prompt cache still fits it)."""
-        if outcome is not Outcome.DONE or recorder.turn_id is None or conversation.messages is None:
+        Ollama's prompt cache still fits it); so is one whose copy was shortened."""
+        stored = recorder.turn_id is not None and conversation.messages is not None
+        if outcome is not Outcome.DONE or not stored or conversation.shortened:
             conversation.messages = None
             return
         _key_running_turn(conversation, recorder)

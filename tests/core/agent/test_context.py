@@ -4,7 +4,9 @@ Through the whole turn path and the real model client. The fake Ollama counts ea
 tokens its own way (three characters a token, where Kaiwa estimates four), so Kaiwa's estimate
 has to learn from the counts the model reports; summary requests are the ones that offer no
 tools, and the fake answers them apart (`without_tools`). After a compaction the system message
-carries the summary after the system prompt.
+carries the summary after the system prompt. "Fits the window" is checked with the fake's own
+count, which is stricter than Kaiwa's estimate: a chat request within `num_ctx`, a summary request
+within it with the answer it asks for (`num_predict`).
 """
 
 import logging
@@ -12,10 +14,21 @@ from typing import Any
 
 import pytest
 
-from core.agent.context import SUMMARY_HEADER, Calibration, raw_estimate, system_message
+from core.agent.context import (
+    SUMMARY_HEADER,
+    Calibration,
+    Compaction,
+    Compactor,
+    ContextSettings,
+    raw_estimate,
+    schema_share,
+    system_message,
+)
+from core.agent.model import ModelClient
+from core.agent.tools import tool
 from core.channel import Outcome
 from core.store.history import CUT_OFF
-from tests.fakes.ollama import Done, HttpError, Pause, Text, ToolCall
+from tests.fakes.ollama import Done, FakeOllama, HttpError, Pause, Text, ToolCall
 from tests.harness import Bot, BotFactory
 
 WINDOW = 2048
@@ -40,6 +53,48 @@ async def chat(bot: Bot, turns: int, first: int = 0) -> None:
 
 def chat_requests(bot: Bot) -> list[dict[str, Any]]:
     return [request for request in bot.ollama.requests if request.get("tools")]
+
+
+def summary_requests(ollama: FakeOllama) -> list[dict[str, Any]]:
+    return [request for request in ollama.requests if not request.get("tools")]
+
+
+def assert_every_request_fits(ollama: FakeOllama) -> None:
+    """Each request within its window by the fake's count: a summary request with its answer."""
+    for request, prompt in zip(ollama.requests, ollama.prompts, strict=True):
+        answer = request["options"].get("num_predict", 0)
+        assert prompt.num_ctx == WINDOW
+        assert prompt.tokens + answer <= WINDOW, (prompt.tokens, answer)
+
+
+@tool()
+def save_file(path: str, content: str) -> str:
+    """Save a text file."""
+    return f"saved {len(content):,} characters to {path}"
+
+
+@tool(read_only=True)
+def read_log() -> str:
+    """Read the web server's log."""
+    return "\n".join(f"{n:05} GET /index.html 200 in {n % 97} ms" for n in range(1500))
+
+
+FILE = "".join(f"line {n}: the notes of the trip, with its dates and names;\n" for n in range(100))
+"""About 6,000 characters: some 2,000 tokens by the fake's count, the whole window."""
+
+
+def many_tools(count: int) -> list[Any]:
+    """`count` tools with schemas of some 100 tokens each."""
+
+    def made(number: int) -> Any:
+        def lookup(query: str, region: str = "", limit: int = 10) -> str:
+            return query
+
+        lookup.__name__ = f"lookup_{number}"
+        lookup.__doc__ = "Look something up in one of the many catalogues. " * 3
+        return tool(read_only=True)(lookup)
+
+    return [made(number) for number in range(count)]
 
 
 async def compactions(bot: Bot) -> list[Any]:
@@ -215,3 +270,153 @@ def test_the_estimate_learns_from_what_the_model_reports() -> None:
     calibration.sent(raw_estimate(messages))
     calibration.reported(20)  # a count cut short by Ollama's prompt cache: not learnt from
     assert calibration.size(messages) == 208
+
+
+async def test_a_huge_tool_call_is_shortened_in_the_summary_request(make_bot: BotFactory) -> None:
+    """Regression: the compaction's transcript kept a tool call's arguments whole, so one long
+    call (a file written through a tool) put a line as large as the window into a summary
+    request; and the request after the call overflowed, blamed on the person."""
+    bot = long_bot(make_bot, tools=[save_file])
+    await chat(bot, 2)
+    bot.ollama.script(ToolCall("save_file", {"path": "notes.txt", "content": FILE}))
+    bot.ollama.script(Text("Saved."))
+    await bot.send("Save my notes to notes.txt, please.")
+    await bot.channel.finished(3)
+    await chat(bot, 2, first=3)
+
+    assert {reply.outcome for reply in bot.channel.replies} == {Outcome.DONE}
+    assert_every_request_fits(bot.ollama)
+    after_the_call = chat_requests(bot)[3]["messages"]
+    (call,) = after_the_call[-2]["tool_calls"]
+    assert "the tool received them all" in call["function"]["arguments"]["content"]
+    transcripts = [str(request["messages"]) for request in summary_requests(bot.ollama)]
+    assert any("save_file(" in transcript for transcript in transcripts)
+    assert not any(FILE[:3000] in transcript for transcript in transcripts)
+    stored = next(row for row in await bot.history() if row.tool_calls)
+    assert stored.tool_calls[0]["arguments"]["content"] == FILE, "the store keeps it whole"
+
+
+async def test_a_message_that_cannot_fit_is_refused_at_once_as_the_persons(
+    make_bot: BotFactory,
+) -> None:
+    """Regression: a message too large for the window first had the whole conversation
+    summarized (model calls spent for nothing), then was refused."""
+    bot = long_bot(make_bot, max_message_chars=20_000)
+    await chat(bot, 4)
+    sent = len(bot.ollama.requests)
+
+    await bot.send("Please read this. " + "word " * 2000)
+    reply = (await bot.channel.finished(5))[-1]
+
+    assert reply.outcome is Outcome.FAILED and reply.note is not None
+    assert reply.note.startswith("your message is about 3,")
+    assert "2,048-token context window" in reply.note and "send something shorter" in reply.note
+    assert "[agents.assistant].context_window" in reply.note
+    assert bot.ollama.requests[sent:] == [], "no summary was asked for"
+    assert await compactions(bot) == []
+
+
+async def test_a_tool_result_too_large_for_the_window_is_shortened_and_named(
+    make_bot: BotFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: a tool result larger than the window failed the turn, blamed on the person
+    ("the latest message is about ... send something shorter")."""
+    bot = long_bot(make_bot, tools=[read_log])
+    bot.ollama.script(ToolCall("read_log", {}))
+    bot.ollama.script(Text("The log shows 1,500 requests, all answered."))
+
+    with caplog.at_level(logging.WARNING, logger="core.agent.context"):
+        await bot.send("What does the log say?")
+        (reply,) = await bot.channel.finished()
+
+    assert reply.outcome is Outcome.DONE
+    assert_every_request_fits(bot.ollama)
+    result = chat_requests(bot)[1]["messages"][-1]
+    assert result["role"] == "tool" and result["content"].startswith("00000 GET")
+    assert result["content"].endswith("01499 GET /index.html 200 in 44 ms")
+    assert "[Kaiwa: read_log returned about " in result["content"]
+    assert "ask for a smaller part" in result["content"]
+    assert "the result of read_log is about" in caplog.text
+    stored = next(row for row in await bot.history() if row.role == "tool")
+    assert stored.text == read_log.function(), "the store keeps it whole"
+
+
+async def test_the_turn_after_a_shortened_result_reads_it_from_the_store(
+    make_bot: BotFactory,
+) -> None:
+    """The conversation's copy with the shortened result is dropped after the turn: the next
+    one reads the store, as a restarted Kaiwa would, and summarizes the whole result."""
+    bot = long_bot(make_bot, tools=[read_log])
+    bot.ollama.script(ToolCall("read_log", {}))
+    bot.ollama.script(Text("All answered."))
+    await bot.send("What does the log say?")
+    await bot.channel.finished()
+
+    await bot.send("Thanks.")
+    await bot.channel.finished(2)
+
+    assert {reply.outcome for reply in bot.channel.replies} == {Outcome.DONE}
+    assert_every_request_fits(bot.ollama)
+    (summary,) = summary_requests(bot.ollama)
+    assert "Tool read_log returned: 00000 GET" in summary["messages"][1]["content"]
+    assert "[Kaiwa: read_log returned" not in str(chat_requests(bot)[-1]["messages"])
+
+
+async def test_a_system_prompt_and_tools_that_leave_no_room_are_named(
+    make_bot: BotFactory,
+) -> None:
+    """Not the person's fault: the refusal names the tools' schemas, the largest first."""
+    bot = long_bot(make_bot, tools=[read_log, save_file, *many_tools(12)])
+
+    await bot.send("Hello")
+    (reply,) = await bot.channel.finished()
+
+    assert reply.outcome is Outcome.FAILED and reply.note is not None
+    assert reply.note.startswith("the system prompt and the tools' schemas take about ")
+    assert "the largest first: " in reply.note
+    assert bot.ollama.requests == []
+
+
+async def test_a_summary_request_that_cannot_fit_is_not_sent(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    """Regression: with a summary so far too large for a summary request (the window lowered
+    since it was written), summary requests went out larger than the window anyway."""
+    ollama.count_prompts = True
+    compactions: list[Compaction] = []
+    compactor = Compactor(
+        model, "test-model", ContextSettings(WINDOW), Calibration(), compactions.append
+    )
+    earlier = "Ann's trip: dates, names and numbers. " * 160  # some 2,000 tokens
+    messages = [
+        system_message("You are a test assistant.", earlier),
+        {"role": "user", "content": FILLER},
+        {"role": "assistant", "content": ANSWER},
+        {"role": "user", "content": "And now?"},
+    ]
+
+    compaction = await compactor.compact(messages, keep_tokens=0)
+
+    assert ollama.requests == []
+    assert compaction is not None and compaction.method == "dropped"
+    assert messages[0] == system_message("You are a test assistant.")
+
+
+def test_the_share_of_the_window_the_tools_schemas_take() -> None:
+    """What `kaiwa check` reports: at 2,048 tokens, fourteen tools take over a quarter, and the
+    fewest to drop are the largest."""
+    tools = [read_log, save_file, *many_tools(12)]
+
+    share = schema_share(tools, 2048)
+
+    assert share.tokens == raw_estimate([], [t.schema() for t in tools])
+    sizes = dict(share.by_tool)
+    assert sizes == {t.name: raw_estimate([], [t.schema()]) for t in tools}
+    assert [size for _, size in share.by_tool] == sorted(sizes.values(), reverse=True)
+    assert share.by_tool[-1][0] == "read_log"
+    assert share.share == share.tokens / 2048 > 0.25
+    dropped = share.to_drop()
+    assert list(dropped) == [name for name, _ in share.by_tool[: len(dropped)]]
+    left = share.tokens - sum(sizes[name] for name in dropped)
+    assert left <= 2048 / 4 < left + sizes[dropped[-1]]
+    assert schema_share(tools, 65536).to_drop() == ()

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import pytest
 
+from core.agent.context import Calibration, Compaction, Compactor, ContextSettings
 from core.agent.loop import NUDGE, WRAP_UP, AgentLoop, LoopSettings
 from core.agent.messages import AssistantMessage, ToolCall, ToolResult, ToolStatus, Usage
 from core.agent.model import ModelClient
@@ -557,3 +558,113 @@ async def test_notes_from_outside_join_before_the_next_model_call(
     first, second = ollama.requests
     assert first["messages"][-1] == {"role": "user", "content": "only green ones"}
     assert second["messages"][-1]["role"] == "tool", "never between a call and its result"
+
+
+# -- every request inside the window ----------------------------------------------------------
+
+WINDOW = 2048
+
+
+def fitted_loop(
+    model: ModelClient, ollama: FakeOllama, tools: list[Tool], **settings: Any
+) -> tuple[AgentLoop, list[Compaction]]:
+    """A loop with a 2,048-token window, against a fake that reports what it counts."""
+    ollama.count_prompts = True
+    compactions: list[Compaction] = []
+    loop = AgentLoop(
+        model,
+        {t.name: t for t in tools},
+        Events(),
+        LoopSettings(agent="assistant", model=MODEL, **settings),
+        Compactor(model, MODEL, ContextSettings(WINDOW), Calibration(), compactions.append),
+    )
+    return loop, compactions
+
+
+def assert_every_request_fits(ollama: FakeOllama) -> None:
+    """By the fake's own count: a request, and the answer it asks for, within `num_ctx`."""
+    for request, prompt in zip(ollama.requests, ollama.prompts, strict=True):
+        assert prompt.num_ctx == WINDOW
+        assert prompt.tokens + request["options"].get("num_predict", 0) <= WINDOW
+
+
+def long_conversation(turns: int) -> list[dict[str, Any]]:
+    said = "We talked about the trip, its dates, its names and its numbers, at length. " * 3
+    messages = [{"role": "system", "content": "be brief"}]
+    for number in range(turns):
+        messages.append({"role": "user", "content": f"{number}. {said}"})
+        messages.append({"role": "assistant", "content": f"Noted {number}. {said}"})
+    return [*messages, {"role": "user", "content": "So, where do we go first?"}]
+
+
+@tool(read_only=True)
+def read_log() -> str:
+    """Read the web server's log."""
+    return "\n".join(f"{n:05} GET /index.html 200" for n in range(1500))
+
+
+async def test_a_nudged_call_is_fitted_to_the_window(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    """The continuation nudge joins the request before it is fitted: once the model's count is
+    learnt, the nudged call needs a compaction first, and gets it."""
+    ollama.without_tools = [Text("Ann asked about her trip; the plan was discussed at length.")]
+    ollama.script(Text(""))
+    ollama.script(Text("Lisbon first."))
+    loop, compactions = fitted_loop(model, ollama, [echo])
+    messages = long_conversation(7)
+
+    result = await loop.run(messages)
+
+    assert result.answer.text == "Lisbon first."
+    nudged = [request for request in ollama.requests if request.get("tools")][-1]
+    assert nudged["messages"][-1] == {"role": "user", "content": NUDGE}
+    assert [compaction.method for compaction in compactions] == ["summary"]
+    assert_every_request_fits(ollama)
+
+
+async def test_the_wrap_up_call_shortens_a_tool_result_too_large_for_the_window(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    """Regression: a tool result larger than the window made the wrap-up call (no tools) raise
+    `ContextOverflow` instead of answering from what the tool found."""
+    ollama.script(CallStep("read_log", {}))
+    ollama.script(Text("The log has 1,500 requests."))
+    loop, _ = fitted_loop(model, ollama, [read_log], max_iterations=1)
+
+    result = await loop.run(conversation("what does the log say?"))
+
+    assert result.wrapped_up and result.answer.text == "The log has 1,500 requests."
+    wrap_up = ollama.requests[-1]
+    assert not wrap_up.get("tools") and wrap_up["messages"][-1]["content"] == WRAP_UP
+    told = wrap_up["messages"][-2]["content"]
+    assert told.startswith("00000 GET") and told.endswith("01499 GET /index.html 200")
+    assert "[Kaiwa: read_log returned about " in told
+    assert_every_request_fits(ollama)
+
+
+async def test_a_call_too_large_for_the_window_is_shortened_in_the_next_request(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    """The model's own call (a long text for a tool) is shortened in the request after it; the
+    tool had it whole."""
+    word = "lisbon-porto-faro " * 400
+    ollama.script(CallStep("echo", {"word": "short"}), CallStep("save", {"text": word}))
+    ollama.script(Text("Saved."))
+    saved: list[str] = []
+
+    @tool()
+    def save(text: str) -> str:
+        """Save a text."""
+        saved.append(text)
+        return "saved"
+
+    loop, _ = fitted_loop(model, ollama, [echo, save])
+    result = await loop.run(conversation("save the route"))
+
+    assert result.answer.text == "Saved." and saved == [word]
+    calls = ollama.requests[1]["messages"][-3]["tool_calls"]
+    assert calls[0]["function"]["arguments"] == {"word": "short"}
+    text = calls[1]["function"]["arguments"]["text"]
+    assert text.startswith("lisbon-porto-faro") and "the tool received them all" in text
+    assert_every_request_fits(ollama)

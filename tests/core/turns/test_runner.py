@@ -333,6 +333,22 @@ async def test_invariant_6_unattended_failure_is_contained(bot: Bot) -> None:
     assert "model runner crashed" in (turn.error or "")
 
 
+async def test_a_scheduled_message_too_large_for_the_window_is_named_as_the_tasks(
+    make_bot: BotFactory,
+) -> None:
+    """A refusal names whose message it is by the turn's provenance: nobody is told to "send
+    something shorter" for a scheduled task's text."""
+    bot = make_bot(context_window=2048)
+    request = TurnRequest("test", PLACE, "Summarize: " + "news " * 2000, Provenance.SCHEDULE)
+
+    result = await bot.runner.run_unattended(request)
+
+    assert result.status == "failed" and result.error is not None
+    assert result.error.startswith("this scheduled task's message is about ")
+    assert "shorten the task's text, or raise [agents.assistant].context_window" in result.error
+    assert bot.ollama.requests == []
+
+
 async def test_unattended_turn_stopped_returns_instead_of_raising(bot: Bot) -> None:
     bot.ollama.script(Pause("firing"), Text("never"))
     request = TurnRequest("test", PLACE, "daily", provenance=Provenance.SCHEDULE)
