@@ -54,6 +54,9 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 class ChatConsole:
+    edits_in_place = True
+    """A reply lives above the input line until it ends: its frames replace each other."""
+
     def __init__(self, settings: TerminalSettings, history: Path) -> None:
         self._settings = settings
         history.parent.mkdir(parents=True, exist_ok=True)

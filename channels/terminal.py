@@ -57,13 +57,21 @@ class Console(Protocol):
         """A line from the bot itself (a banner, a command's answer, a notice)."""
         ...
 
+    @property
+    def edits_in_place(self) -> bool:
+        """Whether a reply's later frames replace what it showed (a live area) rather than
+        print below it."""
+        ...
+
 
 class TerminalChannel:
     platform = TerminalPlace.platform
 
     def __init__(self, console: Console, settings: TerminalSettings) -> None:
         self.console = console
-        self.traits = ChannelTraits(frame_interval=settings.frame_interval)
+        self.traits = ChannelTraits(
+            frame_interval=settings.frame_interval, edits_in_place=console.edits_in_place
+        )
         self.place = TerminalPlace(settings.session).key
         self._run_id = uuid.uuid4().hex[:12]
         self._reader: asyncio.Task[None] | None = None
@@ -156,6 +164,8 @@ class TerminalChannel:
 class PlainConsole:
     """Lines from a stream; replies printed as they stream (dimmed parts only on a terminal)."""
 
+    edits_in_place = False
+
     def __init__(
         self,
         lines: AsyncIterator[str],
@@ -168,15 +178,31 @@ class PlainConsole:
         self._output = output
         self._settings = settings
         self._color = output.isatty() if color is None else color
+        self._streaming = 0
+        """Replies printing now: a notice meanwhile would land inside their text."""
+        self._held: list[str] = []
+        """Notices that came while a reply printed, printed once it ends."""
 
     def lines(self) -> AsyncIterator[str]:
         return self._lines
 
     def reply(self) -> Reply:
-        return TerminalReply(self._write, self._dim, self._settings)
+        return TerminalReply(self._write, self._dim, self._settings, self._reply_streams)
 
     def say(self, text: str) -> None:
-        self._write(self._dim(printable(text)) + "\n")
+        """A notice, on its own lines: between replies, never inside one."""
+        line = self._dim(printable(text)) + "\n"
+        if self._streaming:
+            self._held.append(line)
+        else:
+            self._write(line)
+
+    def _reply_streams(self, streaming: bool) -> None:
+        self._streaming += 1 if streaming else -1
+        if not self._streaming:
+            held, self._held = self._held, []
+            for line in held:
+                self._write(line)
 
     def _write(self, text: str) -> None:
         self._output.write(text)
@@ -190,12 +216,19 @@ class TerminalReply:
     posted: tuple[str, ...] = ()  # printed lines have no ids
 
     def __init__(
-        self, write: Callable[[str], None], dim: Callable[[str], str], settings: TerminalSettings
+        self,
+        write: Callable[[str], None],
+        dim: Callable[[str], str],
+        settings: TerminalSettings,
+        streams: Callable[[bool], None] = lambda streaming: None,
     ) -> None:
+        """`streams` hears True when the reply starts printing and False once it has ended
+        (its console holds notices meanwhile)."""
         self.delivery = Delivery.NOTHING
         self._write_raw = write
         self._dimmed = dim
         self._settings = settings
+        self._streams = streams
         self._text = ""
         self._thinking = ""
         self._activity: str | None = None
@@ -217,6 +250,7 @@ class TerminalReply:
             self._write_raw(("\n" if self._text else "") + f"[failed] {printable(note or '')}")
         self._write_raw("\n")
         self.delivery = Delivery.SHOWN
+        self._streams(False)
 
     def _show(self, frame: Frame) -> None:
         if self._settings.show_thinking and frame.thinking and frame.thinking != self._thinking:
@@ -236,6 +270,7 @@ class TerminalReply:
     def _start(self, section: str, *, fresh: bool = False) -> None:
         """Open a section (thinking, activity, text) on its own line when the kind changes."""
         if self._section is None:
+            self._streams(True)
             self._write_raw(REPLY_LABEL)
         elif section != self._section or fresh:
             self._write_raw("\n")

@@ -106,6 +106,9 @@ class ChannelTraits:
 
     frame_interval: float = 1.0
     """Shortest time between two frames the turn pushes (and between two saves of partial text)."""
+    edits_in_place: bool = True
+    """A message's edits replace it where it stands. Where they cannot (a pipe, which prints each
+    change below the last), a status message that is edited as it goes is said once, at its end."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from channels.terminal import TerminalChannel, TerminalSettings, stdin_lines
+from core.agent.profile import AgentProfile
 from core.agent.tools import tool
 from tests.fakes.ollama import FakeOllama, Pause, Text, Thinking, ToolCall
 from tests.harness import BotFactory
@@ -86,6 +87,61 @@ async def test_stop_typed_while_a_reply_streams(make_bot: BotFactory, ollama: Fa
 
     assert "kaiwa> Once upon a time (stopped)\nStopped.\n" in screen.getvalue()
     assert (await bot.history("terminal:local"))[-1].text == "Once upon a time"
+    keyboard.close()
+    await reading
+
+
+async def test_a_notice_during_a_reply_waits_for_it_to_end_on_a_line_of_its_own(
+    make_bot: BotFactory, ollama: FakeOllama
+) -> None:
+    """The bug: in pipe mode a notice (a sub-agent's board, a `/tasks run` answer) was printed
+    in the middle of a streaming reply's text."""
+    screen, keyboard = Screen(), Keyboard()
+    channel = terminal(screen, keyboard)
+    bot = make_bot(channel=channel)
+    ollama.script(Text("Once upon a time"), Pause("story"), Text(" there was more."))
+
+    reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+    keyboard.type("tell a story")
+    await screen.shows("Once upon a time")
+    await channel.notify(channel.place, "Sub-agent a1 is done.")
+    assert "Sub-agent a1 is done." not in screen.getvalue(), "held while the reply prints"
+    ollama.release("story")
+    await screen.shows("Sub-agent a1 is done.")
+
+    assert screen.getvalue().endswith(
+        "kaiwa> Once upon a time there was more.\nSub-agent a1 is done.\n"
+    )
+    keyboard.close()
+    await reading
+
+
+async def test_sub_agents_in_a_pipe_are_one_notice_between_replies(
+    make_bot: BotFactory, ollama: FakeOllama
+) -> None:
+    """The bug: their status message, edited as they ran, printed each change below the last,
+    in the middle of the reply that launched them. A pipe cannot edit: it gets the summary."""
+    screen, keyboard = Screen(), Keyboard()
+    channel = terminal(screen, keyboard)
+    helper = AgentProfile("helper", "test-model", "You look up.", tools={})
+    bot = make_bot(channel=channel, agents={"helper": helper}, delegates_to=("helper",))
+    task = {"profile": "helper", "instruction": "look up mountain heights"}
+    ollama.script(ToolCall("delegate", {"tasks": [task]}))
+    ollama.script(Text("A helper is on it."))
+    ollama.script_for("heights", Pause("helper"), ToolCall("report", {"summary": "Everest."}))
+    ollama.script(Text("Everest is the tallest."))
+
+    reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+    keyboard.type("which mountain is tallest?")
+    await screen.shows("A helper is on it.\n")
+    ollama.release("helper")
+    await screen.shows("kaiwa> Everest is the tallest.\n")
+
+    assert screen.getvalue().endswith(
+        "A helper is on it.\n"
+        "Sub-agents: look-up-mountain-heights done.\n"
+        "kaiwa> Everest is the tallest.\n"
+    )
     keyboard.close()
     await reading
 

@@ -2,8 +2,10 @@
 
 While a conversation's sub-agents run, one message there shows each (name, state, elapsed),
 edited no faster than the channel allows (a `FramePump`, as a reply is), and becomes a one-line
-summary when the last one ends. It is not a record: nothing is stored before it is shown, and
-a failing edit is logged, never raised into a run.
+summary when the last one ends. A channel that cannot edit in place (`ChannelTraits.
+edits_in_place`: a pipe) gets only that summary, as a notice: each edit would print below the
+last, in the middle of the conversation's replies. It is not a record: nothing is stored before
+it is shown, and a failing edit is logged, never raised into a run.
 """
 
 import logging
@@ -51,32 +53,41 @@ class Boards:
 class _Board:
     def __init__(self, channel: Channel, place: str) -> None:
         self._runs: list[Run] = []
-        self._reply = channel.open_reply(place, None)
-        self._pump = FramePump(
-            self._reply,
-            self._frame,
-            _nothing_to_save,
-            channel.traits.frame_interval,
-            name=f"sub-agents in {place}",
-        )
+        self._channel, self._place = channel, place
+        self._reply = channel.open_reply(place, None) if channel.traits.edits_in_place else None
+        self._pump = None
+        if self._reply is not None:
+            self._pump = FramePump(
+                self._reply,
+                self._frame,
+                _nothing_to_save,
+                channel.traits.frame_interval,
+                name=f"sub-agents in {place}",
+            )
 
     def add(self, run: Run) -> None:
         self._runs.append(run)
-        run.on_change = self._pump.poke
-        self._pump.poke()
+        run.on_change = self.poke
+        self.poke()
 
     def poke(self) -> None:
-        self._pump.poke()
+        if self._pump is not None:
+            self._pump.poke()
 
     def running(self) -> bool:
         return any(run.status == "running" for run in self._runs)
 
     async def close(self) -> None:
-        """The last one ended: the message becomes a one-line summary."""
-        await self._pump.close()
+        """The last one ended: the message becomes a one-line summary (is said, where it could
+        not be edited)."""
         ended = ", ".join(f"{run.name} {run.status}" for run in self._runs)
+        summary = f"Sub-agents: {ended}."
         try:
-            await self._reply.finish(f"Sub-agents: {ended}.", Outcome.DONE, None)
+            if self._pump is None or self._reply is None:
+                await self._channel.notify(self._place, summary)
+                return
+            await self._pump.close()
+            await self._reply.finish(summary, Outcome.DONE, None)
         except Exception:
             logger.exception("the sub-agents' status message could not be finished")
 
