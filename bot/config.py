@@ -19,8 +19,9 @@ An agent profile may also be a Markdown file in `[assistant].profiles_dir`: a YA
 then the system prompt as the body, which reads better there than in a TOML string. The front
 matter is read with PyYAML's safe loader (plain data only) and checked as strictly as the file.
 A profile file named like a table under `[agents]` replaces it, with a warning in the log.
-`delegates_to` must name defined agents and never lead back to where it started (a delegation
-could go on for ever): a cycle is refused with its path.
+`delegates_to` must name defined agents (or the built-in `general`, every agent's default) and
+never lead back to where it started (a delegation could go on for ever): a cycle is refused with
+its path.
 """
 
 import dataclasses
@@ -51,6 +52,7 @@ from core.features.fetch import FetchSettings
 from core.features.mcp.servers import McpServerSettings
 from core.features.memory import SCOPES, MemorySettings
 from core.features.schedule.timing import ScheduleSettings
+from core.features.subagents.delegation import GENERAL
 from core.features.subagents.runs import SubagentSettings
 from core.store import StoreSettings
 from workflows.plan.settings import PlanSettings
@@ -97,7 +99,9 @@ class AgentConfig:
     `[subagents].max_iterations` caps either way)."""
     context_window: int = 0
     description: str = ""
-    delegates_to: list[str] = field(default_factory=list)
+    delegates_to: list[str] = field(default_factory=lambda: [GENERAL])
+    """Whom it may hand work to: defined agents, and `general` (built in: the agent itself with
+    a generalist's prompt); [] turns delegation off."""
 
 
 @dataclass(frozen=True)
@@ -348,10 +352,10 @@ def _check_delegation(agents: dict[str, AgentConfig]) -> None:
     """Every `delegates_to` names a defined agent, and none leads back to where it started."""
     for name, agent in agents.items():
         for target in agent.delegates_to:
-            if target not in agents:
+            if target not in agents and target != GENERAL:
                 raise ConfigError(
                     f"'agents.{name}.delegates_to' names '{target}', which is not defined; "
-                    f"defined agents: {', '.join(agents)}"
+                    f"defined agents: {', '.join(agents)} (and the built-in {GENERAL})"
                 )
     for start in agents:
         cycle = _cycle_from(start, agents, [start])
@@ -363,8 +367,11 @@ def _check_delegation(agents: dict[str, AgentConfig]) -> None:
 
 
 def _cycle_from(name: str, agents: dict[str, AgentConfig], path: list[str]) -> list[str]:
-    """The first path from `path[0]` back to itself through `name`'s delegates, or []."""
+    """The first path from `path[0]` back to itself through `name`'s delegates, or [] (the
+    built-in `general` delegates as the agent that hands it work, so it closes no circle)."""
     for target in agents[name].delegates_to:
+        if target not in agents:
+            continue
         if target == path[0]:
             return [*path, target]
         if target not in path:
