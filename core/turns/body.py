@@ -120,6 +120,10 @@ class BodyTurn:
         """The reply's text so far."""
         return self._recorder.display_text()
 
+    def status(self, text: str) -> None:
+        """What the reply's status line says the turn is doing now (until its next step)."""
+        self._recorder.status(text)
+
 
 class TurnBody(Protocol):
     """What runs inside a turn. A stop arrives as a cancellation and a failure is raised; a body

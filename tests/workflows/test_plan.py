@@ -287,6 +287,10 @@ async def test_the_person_approves_by_button_and_the_plan_runs(make_bot: BotFact
 
     await bot.send("/plan tidy up", author="ann")
     await asked(bot)
+    await bot.channel.wait_until(
+        lambda: bot.channel.replies[0].frames[-1].activity == "waiting for your answer to plan #1",
+        "the reply saying it waits for Ann, not 'reviewing the plan'",
+    )
     assert progress(bot).splitlines() == [
         "Plan #1: tidy up",
         "· 1. Tidy up",

@@ -190,6 +190,7 @@ class PlanRun:
     async def _person_review(self) -> Answer:
         await self._save(status="awaiting_person")
         plan = self.plan
+        self._turn.status(f"waiting for your answer to plan #{plan.id}")
         asking = f"Plan #{plan.id} ({steps_count(plan)}) is ready. Approve it?"
         return await self._approvals.review(
             f"plan #{plan.id}", asking, self._settings.person_wait_seconds
