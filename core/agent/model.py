@@ -14,6 +14,10 @@ Why it is shaped this way:
   503 or 504) is tried again, at most `retries` times with a growing pause: nothing was shown
   yet, so nobody sees it twice. Once anything has arrived, a failure is final.
 - ollama, httpx and json exceptions are mapped to `core.errors` here and nowhere else.
+- Tools reach Ollama whole: the client's `chat` would read them into its typed `Tool`, which
+  drops a property's `anyOf` and an object's properties, so the request body is built here
+  (`chat_body`) and sent through the client's own streaming request, whose parsing and errors
+  stay the client's.
 - Several Ollama hosts (`[ollama.hosts.<name>]`) each get their own client and slots; a request
   goes to the least loaded host that has its model, and a host that fails before the first
   piece is skipped for `host_skip_seconds` (said in the log) while the request is tried again
@@ -26,7 +30,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -309,14 +313,11 @@ class ModelClient:
     ) -> ModelReply:
         started = time.monotonic()
         final: ollama.ChatResponse | None = None
-        stream = await host.client.chat(
-            model=model,
-            messages=messages,
-            tools=list(tools) or None,
-            think=think,
-            stream=True,
-            keep_alive=self.settings.keep_alive,
-            options=options,
+        body = chat_body(model, messages, tools, think, self.settings.keep_alive, options)
+        # The client's own request, streamed and parsed as `chat` does, with a body it did not
+        # narrow (see `chat_body`).
+        stream = await host.client._request(
+            ollama.ChatResponse, "POST", "/api/chat", json=body, stream=True
         )
         deadline = SlidingDeadline(self.settings.first_chunk_timeout, self.settings.idle_timeout)
         try:
@@ -442,6 +443,42 @@ class ModelClient:
                 f"Ollama at {host.url} did not answer within {limit:g} s; check that it "
                 "is running and that [ollama].url points at it"
             ) from exc
+
+
+def chat_body(
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[dict[str, Any]],
+    think: bool | None,
+    keep_alive: str,
+    options: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The body of a streamed `POST /api/chat`, as the ollama client's `chat` builds it but for
+    the tools, which go as the JSON they are (`core.agent.tools.Tool.schema`). The client reads
+    each tool into its `Tool` model, which keeps of a property only its type, items, description
+    and enum: every `anyOf` (each optional argument of a Python MCP server) and the properties of
+    an object argument would reach the model without a type, though Ollama's API carries them."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [_message_body(message) for message in messages],
+        "stream": True,
+        "keep_alive": keep_alive,
+    }
+    if tools:
+        body["tools"] = list(tools)
+    if think is not None:
+        body["think"] = think
+    if options is not None:
+        body["options"] = options
+    return body
+
+
+def _message_body(message: Mapping[str, Any]) -> dict[str, Any]:
+    """One message as the client sends it: empty fields left out, images in base64."""
+    fields = {key: value for key, value in message.items() if value}
+    if "images" in fields:
+        fields["images"] = [ollama.Image(value=image) for image in fields["images"]]
+    return ollama.Message.model_validate(fields).model_dump(exclude_none=True)
 
 
 def _absorb(part: ollama.ChatResponse, reply: ModelReply, on_chunk: ChunkCallback) -> None:

@@ -6,6 +6,11 @@ the model sees can never drift from the code that runs. Parameters may carry a d
 `Annotated[str, "what it is"]`. Arguments are checked against the schema before the tool runs;
 the agent loop turns a failed check into a tool result the model can act on.
 
+What Ollama is sent of a tool (`Tool.schema`, any tool's: built in or an MCP server's) is its
+schema in the shape Ollama's API reads, losing nothing (`ollama_parameters`): Ollama keeps only
+a few keywords of a property and drops the rest unseen, so references are inlined and what it has
+no field for (a default, a range, a format) is said in the property's description.
+
 `read_only` tools touch nothing outside themselves, so the loop may run several at once.
 
 A synchronous tool runs in a thread of its own, so however long it works the event loop (every
@@ -23,12 +28,14 @@ the model is shown.
 import asyncio
 import contextlib
 import contextvars
+import functools
 import inspect
+import json
 import logging
 import threading
 import types
 import typing
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -98,13 +105,19 @@ class Tool:
     """Calling it ends the agent loop, its result the answer (a sub-agent's `report`)."""
 
     def schema(self) -> dict[str, Any]:
-        """The tool as Ollama's `tools` request field expects it."""
+        """The tool as Ollama's `tools` request field carries it whole (`ollama_parameters`):
+        what its schema has no field for is said in the descriptions."""
+        return self._schema
+
+    @functools.cached_property
+    def _schema(self) -> dict[str, Any]:
+        parameters, notes = ollama_parameters(self.parameters)
         return {
             "type": "function",
             "function": {
                 "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
+                "description": f"{self.description} {notes}" if notes else self.description,
+                "parameters": parameters,
             },
         }
 
@@ -220,6 +233,182 @@ def _type_schema(hint: Any) -> dict[str, Any]:
     if hint in _JSON_TYPES:
         return {"type": _JSON_TYPES[hint]}
     raise TypeError(f"tool parameter type {hint!r} has no JSON schema mapping")
+
+
+UNSAID = frozenset({"title", "$schema", "$id", "$comment", "$defs", "definitions"})
+"""Keywords that tell a model nothing: a title repeats the name, the rest serve validators
+(definitions are inlined where they are used)."""
+
+
+def ollama_parameters(schema: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """A tool's parameter schema as Ollama's API carries it whole, and what the tool's
+    description must add (what the schema says of all its arguments together: its own
+    description, then its other keywords in brackets).
+
+    Ollama reads an object's `properties` and `required`, and of each property only `anyOf`,
+    `type`, `items`, `description`, `enum`, `properties` and `required` (its `api.ToolProperty`);
+    it silently drops any other keyword, and refuses the whole request for one of the wrong
+    shape. So each `$ref` is inlined (a recursive one is named instead), `allOf` merged, `oneOf`
+    read as `anyOf` and `const` as a one-value `enum`, a keyword of the wrong shape is said
+    rather than sent, and what Ollama has no field for (`default`, `minimum`, `maximum`,
+    `format`, `pattern`, ...) is folded into the property's description, so the model still
+    learns it.
+    """
+    said = schema.get("description")
+    root = _Shaper(schema).shape(
+        {key: value for key, value in schema.items() if key != "description"}
+    )
+    parameters = {
+        "type": "object",
+        "properties": root.pop("properties", {}),
+        "required": root.pop("required", []),
+    }
+    root.pop("type", None)
+    notes = [root.pop("description")] if "description" in root else []
+    notes += [f"{key}: {_said(key, value)}" for key, value in root.items()]
+    folded = f"({'; '.join(notes)})" if notes else ""
+    return parameters, " ".join(filter(None, [said if isinstance(said, str) else "", folded]))
+
+
+class _Shaper:
+    """One JSON Schema into Ollama's shape, its references inlined from its own root."""
+
+    def __init__(self, root: Mapping[str, Any]) -> None:
+        self._root = root
+        self._inlining: list[str] = []
+        """The references being inlined, outermost first: meeting one again is recursion."""
+
+    def shape(self, schema: Any) -> dict[str, Any]:
+        if not isinstance(schema, Mapping):  # a boolean schema: anything, or nothing
+            return {} if schema is not False else {"description": "no value is allowed"}
+        schema = _plain(schema)
+        reference = schema.get("$ref")
+        if isinstance(reference, str) and (target := self._target(reference)) is not None:
+            return self._inlined(reference, target, schema)
+        shaped: dict[str, Any] = {}
+        notes: list[str] = []
+        description = schema.get("description")
+        for key, value in schema.items():
+            said_apart = key == "description" and isinstance(value, str)
+            if key in UNSAID or said_apart or _leaves_open(key, value):
+                continue
+            if _ollama_reads(key, value):
+                shaped[key] = self._inner(key, value)
+            elif key == "additionalProperties" and isinstance(value, Mapping):
+                notes.append(f"{key}: {json.dumps(self.shape(value), ensure_ascii=False)}")
+            else:
+                notes.append(f"{key}: {_said(key, value)}")
+        said = "; ".join(notes)
+        if isinstance(description, str) and description:
+            said = f"{description} ({said})" if said else description
+        if said:
+            shaped["description"] = said
+        return shaped
+
+    def _inner(self, key: str, value: Any) -> Any:
+        if key == "anyOf":
+            return [self.shape(each) for each in value]
+        if key == "properties":
+            return {name: self.shape(each) for name, each in value.items()}
+        if key == "items":
+            return (
+                [self.shape(each) for each in value]
+                if isinstance(value, list)
+                else self.shape(value)
+            )
+        return value
+
+    def _inlined(
+        self, reference: str, target: Mapping[str, Any], schema: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        siblings = {key: value for key, value in schema.items() if key != "$ref"}
+        if reference not in self._inlining:
+            self._inlining.append(reference)
+            try:
+                return self.shape({**target, **siblings})
+            finally:
+                self._inlining.pop()
+        name = reference.rsplit("/", 1)[-1] or "schema"
+        again = self.shape(siblings)
+        again.setdefault("type", target.get("type", "object"))
+        note = f"a {name}, shaped as the enclosing {name}"
+        again["description"] = (
+            f"{again['description']} ({note})" if "description" in again else note
+        )
+        return again
+
+    def _target(self, reference: str) -> Mapping[str, Any] | None:
+        """What a local reference (`#/$defs/Name`) points at; None for any other."""
+        if reference != "#" and not reference.startswith("#/"):
+            return None
+        node: Any = self._root
+        for token in filter(None, reference[2:].split("/")):
+            token = token.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, Mapping):
+                node = node.get(token)
+            elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+                node = node[int(token)]
+            else:
+                return None
+        return node if isinstance(node, Mapping) else None
+
+
+def _plain(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The same schema in the words Ollama knows: `allOf` merged into it (unless two parts
+    refer elsewhere), `oneOf` as `anyOf`, `const` as a one-value `enum`."""
+    plain = dict(schema)
+    parts = plain.get("allOf")
+    mergeable = isinstance(parts, list) and all(isinstance(part, Mapping) for part in parts)
+    if mergeable and sum("$ref" in each for each in (plain, *parts)) <= 1:
+        del plain["allOf"]
+        for part in parts:
+            plain = _merged(plain, part)
+    if "oneOf" in plain and "anyOf" not in plain:
+        plain["anyOf"] = plain.pop("oneOf")
+    if "const" in plain and "enum" not in plain:
+        plain["enum"] = [plain.pop("const")]
+    return plain
+
+
+def _merged(schema: dict[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
+    merged = {**part, **schema}
+    if isinstance(schema.get("properties"), Mapping) and isinstance(
+        part.get("properties"), Mapping
+    ):
+        merged["properties"] = {**part["properties"], **schema["properties"]}
+    if isinstance(schema.get("required"), list) and isinstance(part.get("required"), list):
+        merged["required"] = list(dict.fromkeys([*schema["required"], *part["required"]]))
+    return merged
+
+
+def _leaves_open(key: str, value: Any) -> bool:
+    """Whether the keyword says nothing beyond what the properties say: whether other keys are
+    allowed (JSON Schema's default) or not (the properties are all the model is shown)."""
+    return key == "additionalProperties" and isinstance(value, bool)
+
+
+def _ollama_reads(key: str, value: Any) -> bool:
+    """Whether Ollama reads `key` of a property with this value (a value of the wrong shape
+    makes it refuse the whole request)."""
+    if key == "type":
+        return isinstance(value, str) or (
+            isinstance(value, list) and all(isinstance(each, str) for each in value)
+        )
+    if key == "required":
+        return isinstance(value, list) and all(isinstance(each, str) for each in value)
+    if key in ("anyOf", "enum"):
+        return isinstance(value, list)
+    if key == "properties":
+        return isinstance(value, Mapping)
+    return key == "items"
+
+
+def _said(key: str, value: Any) -> str:
+    """A keyword's value for a description: text as it is (a default quoted, so it reads as
+    text), anything else as JSON."""
+    if isinstance(value, str) and key != "default":
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def argument_problems(tool: Tool, arguments: dict[str, Any]) -> list[str]:

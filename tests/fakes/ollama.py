@@ -14,6 +14,11 @@ for trying a real `kaiwa` process by hand (`--script` queues answers, tool calls
 own estimate, so tests can check that a client measures its prompts against the server's counts
 (with ``count_prompts``) and keeps them under ``num_ctx``. Like real Ollama, the fake still
 answers a prompt that overflows ``num_ctx`` (Ollama truncates it silently); ``prompts`` records it.
+
+The ``tools`` of a request are read as Ollama's server reads them into its Go structs
+(``read_tools``): a key of the wrong shape refuses the request with HTTP 400, and a key the
+structs have no field for is dropped silently, so ``dropped`` records its path for tests to see
+what the model would never have been shown.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import json
 import math
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -340,10 +345,135 @@ async def _cut(request: web.Request, response: web.StreamResponse) -> None:
         request.transport.close()  # flushes what was written, then FIN: the body never ends
 
 
+class ToolsRefused(ValueError):
+    """Tools Ollama cannot read (its HTTP 400), e.g. a property's ``type`` that is a number."""
+
+
+_Reader = Callable[[Any, str, list[str]], Any]
+"""Reads (a value, its path, the paths dropped so far) into what Ollama keeps of the value."""
+
+
+def _typed(kind: type | tuple[type, ...], go: str) -> _Reader:
+    def read(value: Any, path: str, dropped: list[str]) -> Any:
+        if value is not None and not isinstance(value, kind):
+            raise ToolsRefused(
+                f"json: cannot unmarshal {type(value).__name__} into {path} of type {go}"
+            )
+        return value
+
+    return read
+
+
+def _anything(value: Any, path: str, dropped: list[str]) -> Any:
+    return value
+
+
+def _strings(value: Any, path: str, dropped: list[str]) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(each, str) for each in value):
+        return value
+    raise ToolsRefused(
+        f"json: cannot unmarshal {type(value).__name__} into {path} of type []string"
+    )
+
+
+def _struct(fields: Mapping[str, _Reader]) -> _Reader:
+    def read(value: Any, path: str, dropped: list[str]) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ToolsRefused(
+                f"json: cannot unmarshal {type(value).__name__} into {path} (an object)"
+            )
+        kept = {}
+        for key, each in value.items():
+            if key in fields:
+                kept[key] = fields[key](each, f"{path}.{key}", dropped)
+            else:
+                dropped.append(f"{path}.{key}")
+        return kept
+
+    return read
+
+
+def _map_of(reader: _Reader) -> _Reader:
+    def read(value: Any, path: str, dropped: list[str]) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ToolsRefused(
+                f"json: cannot unmarshal {type(value).__name__} into {path} (an object)"
+            )
+        return {key: reader(each, f"{path}.{key}", dropped) for key, each in value.items()}
+
+    return read
+
+
+def _list_of(reader: _Reader) -> _Reader:
+    def read(value: Any, path: str, dropped: list[str]) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise ToolsRefused(
+                f"json: cannot unmarshal {type(value).__name__} into {path} (an array)"
+            )
+        return [reader(each, f"{path}[{index}]", dropped) for index, each in enumerate(value)]
+
+    return read
+
+
+_STRING = _typed(str, "string")
+_REQUIRED = _list_of(_STRING)
+_PROPERTY_FIELDS: dict[str, _Reader] = {}
+_PROPERTY = _struct(_PROPERTY_FIELDS)
+_PROPERTY_FIELDS.update(  # api.ToolProperty, which holds properties of its own
+    anyOf=_list_of(_PROPERTY),
+    type=_strings,
+    items=_anything,
+    description=_STRING,
+    enum=_list_of(_anything),
+    properties=_map_of(_PROPERTY),
+    required=_REQUIRED,
+)
+_TOOL = _struct(
+    {
+        "type": _STRING,
+        "items": _anything,
+        "function": _struct(
+            {
+                "name": _STRING,
+                "description": _STRING,
+                "parameters": _struct(
+                    {
+                        "type": _STRING,
+                        "$defs": _anything,
+                        "items": _anything,
+                        "required": _REQUIRED,
+                        "properties": _map_of(_PROPERTY),
+                    }
+                ),
+            }
+        ),
+    }
+)
+
+
+def read_tools(tools: Any) -> tuple[list[Any], list[str]]:
+    """``tools`` as Ollama's server reads them (``api.Tool``, its ``api.ToolProperty`` with
+    ``anyOf``, ``type``, ``items``, ``description``, ``enum``, ``properties`` and
+    ``required``): what it keeps, and the path of every key it drops. Raises ``ToolsRefused``
+    where it answers HTTP 400."""
+    dropped: list[str] = []
+    kept = _list_of(_TOOL)(tools, "tools", dropped)
+    return kept or [], dropped
+
+
 class FakeOllama:
     """A fake Ollama on 127.0.0.1: scripted ``/api/chat``, plus ``/api/show`` and ``/api/tags``.
 
-    ``requests`` and ``prompts`` record every ``/api/chat`` request, index for index. With
+    ``requests``, ``prompts`` and ``dropped`` (the keys of its tools Ollama would drop,
+    ``read_tools``) record every ``/api/chat`` request, index for index. With
     ``count_prompts``, the final chunk's ``prompt_eval_count`` is ``prompt_tokens`` of the
     request instead of the scripted ``Done.prompt_tokens``. ``show_error``, while set, is what
     every ``/api/show`` answers. ``without_tools``, while set, answers every request that offers
@@ -361,6 +491,7 @@ class FakeOllama:
         self.count_prompts = count_prompts
         self.requests: list[dict[str, Any]] = []
         self.prompts: list[Prompt] = []
+        self.dropped: list[list[str]] = []
         self.show_requests: list[str] = []
         self.show_error: HttpError | None = None
         self.without_tools = None
@@ -492,6 +623,11 @@ class FakeOllama:
         prompt = _prompt(body)
         self.requests.append(body)
         self.prompts.append(prompt)
+        try:
+            self.dropped.append(read_tools(body.get("tools"))[1])
+        except ToolsRefused as exc:
+            self.dropped.append([])
+            return _error(400, str(exc))
         model = body.get("model", "")
         if model not in self.models:
             return _error(404, f"model '{model}' not found")

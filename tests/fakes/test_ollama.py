@@ -10,6 +10,11 @@ What the real client raises (ollama 0.6.3, httpx 0.28), as these tests pin down:
 
 ``AsyncClient.show`` exposes ``model_info`` as ``modelinfo``, where a client reads
 ``<architecture>.context_length``.
+
+``AsyncClient.chat(tools=...)`` reads each tool into its typed ``Tool``, which keeps of a
+property only ``type``, ``items``, ``description`` and ``enum``: a property's ``anyOf`` and an
+object's ``properties`` never reach the server (why Kaiwa builds the body itself,
+``core.agent.model.chat_body``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from .ollama import (
     Thinking,
     ToolCall,
     prompt_tokens,
+    read_tools,
 )
 
 MODEL = "test-model"
@@ -607,3 +613,73 @@ async def test_a_response_can_be_queued_for_requests_that_open_with_a_marker(
     )
 
     assert (other.message.content, marked.message.content) == ("in turn", "for the apple task")
+
+
+OPTIONAL_AND_NESTED = {
+    "type": "function",
+    "function": {
+        "name": "file",
+        "description": "File a ticket.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "due": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+                "owner": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}},
+                    "required": ["name"],
+                },
+                "ticket": {"$ref": "#/$defs/Ticket"},
+            },
+            "required": ["owner"],
+            "$defs": {"Ticket": {"type": "object"}},
+        },
+    },
+}
+
+
+async def test_the_clients_typed_tools_drop_any_of_and_an_objects_properties(
+    fake: FakeOllama, client: AsyncClient
+) -> None:
+    await stream_chat(client, tools=[OPTIONAL_AND_NESTED])
+
+    properties = fake.requests[0]["tools"][0]["function"]["parameters"]["properties"]
+    assert properties == {"due": {}, "owner": {"type": "object"}, "ticket": {}}
+
+
+async def test_tools_are_read_as_ollama_reads_them_and_what_it_drops_is_recorded(
+    fake: FakeOllama,
+) -> None:
+    async with httpx.AsyncClient(base_url=fake.url) as raw:
+        body = {"model": MODEL, "messages": HELLO, "tools": [OPTIONAL_AND_NESTED]}
+        answered = await raw.post("/api/chat", json=body)
+
+    assert answered.status_code == 200
+    where = "tools[0].function.parameters.properties"
+    assert fake.dropped == [[f"{where}.due.default", f"{where}.ticket.$ref"]]
+    kept, _ = read_tools([OPTIONAL_AND_NESTED])
+    assert kept[0]["function"]["parameters"]["properties"]["owner"]["required"] == ["name"]
+    assert kept[0]["function"]["parameters"]["$defs"] == {"Ticket": {"type": "object"}}
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [{"type": 5}, {"type": "string", "required": True}, {"anyOf": {"type": "string"}}],
+)
+async def test_a_property_of_a_shape_ollama_cannot_read_is_http_400(
+    fake: FakeOllama, wrong: dict[str, Any]
+) -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "read",
+            "parameters": {"type": "object", "properties": {"path": wrong}},
+        },
+    }
+    async with httpx.AsyncClient(base_url=fake.url) as raw:
+        body = {"model": MODEL, "messages": HELLO, "tools": [tool]}
+        answered = await raw.post("/api/chat", json=body)
+
+    assert answered.status_code == 400
+    assert answered.json()["error"].startswith("json: cannot unmarshal ")
+    assert "tools[0].function.parameters.properties.path" in answered.json()["error"]

@@ -9,6 +9,7 @@ import socket
 import pytest
 
 from core.agent.model import ModelClient, ModelReply, ModelSettings, OllamaHost, model_is_available
+from core.agent.tools import Tool
 from core.errors import (
     ModelHTTPError,
     ModelNotFound,
@@ -226,6 +227,129 @@ async def test_tries_again_are_bounded_and_only_for_passing_failures(
     with pytest.raises(ModelHTTPError, match="500"):
         await chat(model)
     assert len(ollama.requests) == 4, "three tries of the 503, one of the 500"
+
+
+# -- tools -----------------------------------------------------------------------------------
+
+SEARCH = {  # as a TypeScript MCP server writes it
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "query": {"type": "string", "minLength": 1, "description": "what to find"},
+        "filter": {
+            "type": "object",
+            "properties": {
+                "since": {"type": "string", "format": "date"},
+                "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
+            },
+            "required": ["since"],
+        },
+        "mode": {"oneOf": [{"const": "fast"}, {"const": "thorough"}], "default": "fast"},
+        "tree": {"$ref": "#/$defs/node"},
+    },
+    "required": ["query"],
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+        }
+    },
+}
+
+
+async def search(**arguments: object) -> str:
+    return "found"
+
+
+async def test_a_tools_whole_schema_reaches_ollama(ollama: FakeOllama, model: ModelClient) -> None:
+    """Regression (issue 26): the client's typed tools dropped each property's `anyOf` and the
+    properties of an object, and Ollama has no field for a default, a format or a length, nor
+    can it follow a `$ref`: the body carries every property with its type, constraints said in
+    its description, references inlined (a recursive one named), and nothing Ollama drops."""
+    tool = Tool("search", "Search the notes.", search, SEARCH)
+
+    await model.chat("test-model", HELLO, ModelReply(), ignore, tools=[tool.schema()])
+
+    assert ollama.requests[0]["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "search",
+                "description": "Search the notes.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "query": {"type": "string", "description": "what to find (minLength: 1)"},
+                        "filter": {
+                            "type": "object",
+                            "properties": {
+                                "since": {"type": "string", "description": "format: date"},
+                                "tags": {
+                                    "type": "array",
+                                    "items": {"type": "string"},
+                                    "description": "maxItems: 5",
+                                },
+                            },
+                            "required": ["since"],
+                        },
+                        "mode": {
+                            "anyOf": [{"enum": ["fast"]}, {"enum": ["thorough"]}],
+                            "description": 'default: "fast"',
+                        },
+                        "tree": {
+                            "type": "object",
+                            "properties": {
+                                "children": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "description": "a node, shaped as the enclosing node",
+                                    },
+                                }
+                            },
+                        },
+                    },
+                    "required": ["query"],
+                },
+            },
+        }
+    ]
+    assert ollama.dropped == [[]]
+
+
+async def test_a_keyword_of_a_shape_ollama_refuses_is_said_not_sent(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    """Ollama answers HTTP 400 to the whole request for one property of the wrong shape (a
+    `required` of an old draft, a type that is not a name): that one tool would fail every
+    turn of every agent that has it."""
+    old = {"type": "object", "properties": {"path": {"type": "string", "required": True}}}
+    tool = Tool("read", "Read a file.", search, old)
+
+    reply = await model.chat("test-model", HELLO, ModelReply(), ignore, tools=[tool.schema()])
+
+    assert reply.text == "ok"
+    parameters = ollama.requests[0]["tools"][0]["function"]["parameters"]
+    assert parameters["properties"] == {"path": {"type": "string", "description": "required: true"}}
+
+
+async def test_what_a_whole_schema_says_beside_its_properties_joins_the_description(
+    ollama: FakeOllama, model: ModelClient
+) -> None:
+    either = {
+        "type": "object",
+        "description": "Give a path or an id.",
+        "properties": {"path": {"type": "string"}, "id": {"type": "integer"}},
+        "minProperties": 1,
+    }
+    tool = Tool("open", "Open a document.", search, either)
+
+    await model.chat("test-model", HELLO, ModelReply(), ignore, tools=[tool.schema()])
+
+    function = ollama.requests[0]["tools"][0]["function"]
+    assert function["description"] == "Open a document. Give a path or an id. (minProperties: 1)"
+    assert ollama.dropped == [[]]
 
 
 # -- several hosts ---------------------------------------------------------------------------
