@@ -33,6 +33,8 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
         await model.close()
         for adapter in opened:
             await adapter.close()
+    servers, server_problems = await _mcp_check(config)
+    problems += server_problems
     for problem in problems:
         output.write(f"problem: {problem}\n")
     if not problems:
@@ -42,16 +44,17 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
         output.write(f"ok: channels ready: {names or 'none'}\n")
         output.writelines(f"context window: {line}\n" for line in windows)
         output.write(f"tasks: {await _tasks_line(config)}\n")
-        output.writelines(f"mcp: {line}\n" for line in await _mcp_lines(config))
+        output.writelines(f"mcp: {line}\n" for line in servers)
     return 1 if problems else 0
 
 
-async def _mcp_lines(config: Config) -> list[str]:
-    """Each MCP server with its tools, or why it does not start."""
+async def _mcp_check(config: Config) -> tuple[list[str], list[str]]:
+    """Each MCP server started: a line for each with its tools, and a problem for each that
+    does not start, saying why."""
     servers = McpServers(config.mcp)
     await servers.start()
     try:
-        return servers.describe()
+        return servers.describe(), servers.problems()
     finally:
         await servers.close()
 

@@ -348,7 +348,7 @@ async def test_an_unknown_critic_tool_is_a_configuration_error(
     assert "'web'" in err and "fetch_url" in err
 
 
-async def test_check_lists_each_mcp_server_with_its_tools_or_why_it_is_down(
+async def test_check_lists_each_mcp_server_with_its_tools(
     ollama: FakeOllama, tmp_path: Path
 ) -> None:
     config = write_config(tmp_path, ollama.url)
@@ -356,10 +356,36 @@ async def test_check_lists_each_mcp_server_with_its_tools_or_why_it_is_down(
         config.read_text()
         + f'\n[mcp.fake]\ncommand = "{sys.executable}"\n'
         + 'args = ["-m", "tests.fakes.mcp_server", "stdio"]\n'
-        + '\n[mcp.gone]\ncommand = "/nonexistent/mcp-server"\n'
     )
     code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
     assert code == 0
-    listed = "fake.add, fake.crash, fake.fail, fake.hang, fake.picture, fake.shout"
-    assert f"mcp: fake: 6 tools ({listed})\n" in out
-    assert "mcp: gone: not running: " in out
+    listed = (
+        "fake.add, fake.crash, fake.fail, fake.file_ticket, fake.hang, fake.log, fake.picture, "
+        "fake.pid, fake.resources, fake.shout"
+    )
+    assert out.endswith(f"mcp: fake: 10 tools ({listed})\n")
+
+
+async def test_check_fails_naming_each_mcp_server_that_cannot_start_and_why(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """Regression (issue 26): `kaiwa check` exited 0 while a configured MCP server could not
+    start. A stdio server that exits as it starts is known by its last line on stderr."""
+    config = write_config(tmp_path, ollama.url)
+    exits = "import sys; sys.exit('no API key: set FAKE_KEY')"
+    config.write_text(
+        config.read_text()
+        + f'\n[mcp.fake]\ncommand = "{sys.executable}"\n'
+        + 'args = ["-m", "tests.fakes.mcp_server", "stdio"]\n'
+        + '\n[mcp.gone]\ncommand = "/nonexistent/mcp-server"\n'
+        + f'\n[mcp.keyless]\ncommand = "{sys.executable}"\nargs = ["-c", "{exits}"]\n'
+    )
+    code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
+    assert code == 1
+    fix = "and args (run the command by hand to see its error)"
+    assert out == (
+        "problem: MCP server gone does not start: FileNotFoundError: [Errno 2] No such file or "
+        f"directory: '/nonexistent/mcp-server'; check [mcp.gone].command {fix}\n"
+        "problem: MCP server keyless does not start: it exited: no API key: set FAKE_KEY; "
+        f"check [mcp.keyless].command {fix}\n"
+    )

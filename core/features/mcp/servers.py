@@ -7,7 +7,7 @@ first configured server (`core.features.mcp.session`), never for a Kaiwa that ha
 """
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,12 @@ from core.turns.parts import Part
 
 if TYPE_CHECKING:
     from core.features.mcp.session import McpServer
+
+
+START_SECONDS = 10.0
+"""How long start-up waits for a server's first tool list before going on without it."""
+Pause = Callable[[float], Awaitable[None]]
+"""How a server's supervisor waits out its backoff before starting it again."""
 
 
 class McpError(KaiwaError):
@@ -41,12 +47,14 @@ class McpServers(Part):
     """Every configured server; a turn part that gives an agent the tools its `mcp` names
     among theirs, wherever it runs (its conversation's turns and its runs as a sub-agent)."""
 
-    def __init__(self, settings: Mapping[str, McpServerSettings]) -> None:
+    def __init__(
+        self, settings: Mapping[str, McpServerSettings], pause: Pause = asyncio.sleep
+    ) -> None:
         self.servers: list[McpServer] = []
         if settings:
             from core.features.mcp import session
 
-            self.servers = [session.McpServer(name, each) for name, each in settings.items()]
+            self.servers = [session.McpServer(name, each, pause) for name, each in settings.items()]
 
     async def start(self) -> None:
         await asyncio.gather(*(server.start() for server in self.servers))
@@ -69,12 +77,28 @@ class McpServers(Part):
         return chosen
 
     def describe(self) -> list[str]:
-        """A line per server, for `kaiwa check`: its tools, or why it is not running."""
+        """A line per running server, for `kaiwa check`: its tools."""
         lines = []
         for server in self.servers:
-            if server.tools and server.problem is None:
+            if server.connected.is_set():
                 names = ", ".join(sorted(tool.name for tool in server.tools.values()))
                 lines.append(f"{server.name}: {len(server.tools)} tools ({names})")
-            else:
-                lines.append(f"{server.name}: not running: {server.problem or 'no answer yet'}")
         return lines
+
+    def problems(self) -> list[str]:
+        """What keeps each server that is not running from starting, with where to fix it, for
+        `kaiwa check`."""
+        return [_problem(server) for server in self.servers if not server.connected.is_set()]
+
+
+def _problem(server: "McpServer") -> str:
+    table = f"[mcp.{server.name}]"
+    if server.settings.command:
+        where = f"check {table}.command and args (run the command by hand to see its error)"
+        what = f"MCP server {server.name} does not start"
+    else:
+        where = f"check {table}.url, and the variables its headers_env names"
+        what = f"MCP server {server.name} does not answer"
+    if server.problem is None:
+        return f"{what}: no tool list within {START_SECONDS:g} s; {where}"
+    return f"{what}: {server.problem}; {where}"
