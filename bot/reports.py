@@ -7,34 +7,43 @@ asking Ollama.
 """
 
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TextIO
 
 from bot.adapters import TerminalIO, configured, no_lines
 from bot.checks import find_problems
 from bot.config import Config
-from bot.wiring import turn_settings
+from bot.wiring import access_rules, assemble, features, turn_settings
+from core.agent.context import SCHEMA_SHARE_WARNING, SchemaShare, schema_share
 from core.agent.model import ModelClient
 from core.errors import ModelError
 from core.features.mcp.servers import McpServers
 from core.features.schedule.timing import describe_tasks
 from core.store import Store
+from core.turns.parts import OpenTurn
+from core.turns.turn import TurnRequest
 
 
 async def check(config: Config, output: TextIO = sys.stdout) -> int:
-    """`kaiwa check`: print every problem with its fix; non-zero exit if there is any."""
+    """`kaiwa check`: print every problem with its fix; non-zero exit if there is any. A
+    warning (tools whose schemas crowd a small window) is printed too, and fails nothing."""
     turn_settings(config)
     model = ModelClient(config.ollama)
     opened = configured(config, TerminalIO(lines=no_lines()))
+    servers = McpServers(config.mcp)
+    await servers.start()
     try:
         problems = await find_problems(config, model, opened)
-        windows = [] if problems else await context_windows(config, model)
+        windows = [] if problems else await agent_windows(config, model)
+        problems += servers.problems()
+        crowded = [] if problems else await _crowded_windows(config, servers, model, windows)
+        described = servers.describe()
     finally:
+        await servers.close()
         await model.close()
         for adapter in opened:
             await adapter.close()
-    servers, server_problems = await _mcp_check(config)
-    problems += server_problems
     for problem in problems:
         output.write(f"problem: {problem}\n")
     if not problems:
@@ -42,21 +51,52 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
         names = ", ".join(adapter.platform for adapter in opened)
         output.write(f"ok: Ollama at {config.ollama.url} is reachable and has {models}\n")
         output.write(f"ok: channels ready: {names or 'none'}\n")
-        output.writelines(f"context window: {line}\n" for line in windows)
+        output.writelines(f"context window: {window.line}\n" for window in windows)
+        output.writelines(f"warning: {line}\n" for line in crowded)
         output.write(f"tasks: {await _tasks_line(config)}\n")
-        output.writelines(f"mcp: {line}\n" for line in servers)
+        output.writelines(f"mcp: {line}\n" for line in described)
     return 1 if problems else 0
 
 
-async def _mcp_check(config: Config) -> tuple[list[str], list[str]]:
-    """Each MCP server started: a line for each with its tools, and a problem for each that
-    does not start, saying why."""
-    servers = McpServers(config.mcp)
-    await servers.start()
+async def _crowded_windows(
+    config: Config, servers: McpServers, model: ModelClient, windows: list["AgentWindow"]
+) -> list[str]:
+    """For each agent whose offered tools' schemas take more than `SCHEMA_SHARE_WARNING` of
+    its window: how much, and the fewest tools without which they would not."""
+    store = await Store.open(config.database_url(), config.storage.store_settings())
     try:
-        return servers.describe(), servers.problems()
+        settings = turn_settings(config, store)
+        kaiwa = assemble(
+            store,
+            model,
+            {},
+            settings,
+            access_rules(config),
+            features(config, servers),
+            max_message_chars=config.limits.max_message_chars,
+        )
+        lines = []
+        for window in windows:
+            agent = settings.agents.get(window.agent) or settings.agent
+            turn = OpenTurn(TurnRequest("check", f"check:{window.agent}", ""), agent)
+            offered = kaiwa.runner.parts.offered(agent, kaiwa.runner.parts.join(turn))
+            share = schema_share(offered.values(), window.tokens)
+            if share.share > SCHEMA_SHARE_WARNING:
+                lines.append(_crowded(window.agent, share))
+        return lines
     finally:
-        await servers.close()
+        await store.close()
+
+
+def _crowded(agent: str, share: SchemaShare) -> str:
+    largest = ", ".join(f"{name} ({tokens:,})" for name, tokens in share.by_tool[:5])
+    return (
+        f"{agent}: its tools' schemas take about {share.tokens:,} tokens, {share.share:.0%} of "
+        f"its {share.window:,}-token window, before any message; offer fewer (without "
+        f"{', '.join(share.to_drop())} they would fit in a quarter: [agents.{agent}].tools, "
+        f"[schedule], [memory], delegates_to) or raise [agents.{agent}].context_window. "
+        f"Largest: {largest}"
+    )
 
 
 async def _tasks_line(config: Config) -> str:
@@ -69,12 +109,21 @@ async def _tasks_line(config: Config) -> str:
         await store.close()
 
 
-async def context_windows(config: Config, model: ModelClient) -> list[str]:
+@dataclass(frozen=True)
+class AgentWindow:
+    agent: str
+    tokens: int
+    line: str
+    """The window and where it comes from, in words."""
+
+
+async def agent_windows(config: Config, model: ModelClient) -> list[AgentWindow]:
     """Each agent's context window, and where it comes from."""
-    lines = []
+    windows = []
     for name, agent in config.agents.items():
         if agent.context_window:
-            lines.append(f"{name}: {agent.context_window:,} tokens (agents.{name}.context_window)")
+            line = f"{name}: {agent.context_window:,} tokens (agents.{name}.context_window)"
+            windows.append(AgentWindow(name, agent.context_window, line))
             continue
         try:
             length = await model.context_length(agent.model)
@@ -84,8 +133,9 @@ async def context_windows(config: Config, model: ModelClient) -> list[str]:
             why = f"{agent.model} takes up to {length:,}" if length else "the model does not say"
         ceiling = config.context.max_window
         window = config.context.window(0, length)
-        lines.append(f"{name}: {window:,} tokens ({why}; context.max_window is {ceiling:,})")
-    return lines
+        line = f"{name}: {window:,} tokens ({why}; context.max_window is {ceiling:,})"
+        windows.append(AgentWindow(name, window, line))
+    return windows
 
 
 async def status(config: Config, output: TextIO = sys.stdout) -> int:

@@ -211,6 +211,11 @@ class TurnParts:
         shares = (part.joined(turn) for part in self._parts)
         return Joined(tuple(share for share in shares if share is not None))
 
+    def offered(self, agent: AgentProfile, joined: Joined) -> dict[str, Tool]:
+        """Every tool a turn of `agent` is offered: its own, what parts give it wherever it
+        runs, and the turn's shares (before the guard wraps them)."""
+        return {**self.tools_for(agent), **joined.tools}
+
     async def stop(self, place: str) -> list[str]:
         said = [await part.stop(place) for part in self._parts]
         return [sentence for sentence in said if sentence]

@@ -291,7 +291,7 @@ class TurnRunner:
         )
         recorder.on_change = pump.poke
         settings = self.settings
-        offered = {**self.parts.tools_for(agent), **joined.tools}
+        offered = self.parts.offered(agent, joined)
         body = BodyTurn(
             request,
             agent,

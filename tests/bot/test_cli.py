@@ -389,3 +389,23 @@ async def test_check_fails_naming_each_mcp_server_that_cannot_start_and_why(
         "problem: MCP server keyless does not start: it exited: no API key: set FAKE_KEY; "
         f"check [mcp.keyless].command {fix}\n"
     )
+
+
+async def test_check_warns_when_the_tools_schemas_crowd_a_small_window(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """Regression: at 2,048 tokens the default tools' schemas alone took about half the window,
+    and nothing said so."""
+    config = write_config(tmp_path, ollama.url)
+    config.write_text(
+        config.read_text().replace(
+            'model = "test-model"', 'model = "test-model"\ncontext_window = 2048'
+        )
+    )
+    code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
+
+    assert code == 0, "a warning fails nothing"
+    (warning,) = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert "warning: assistant: its tools' schemas take about " in warning
+    assert "of its 2,048-token window, before any message; offer fewer (without " in warning
+    assert "schedule_task" in warning and "raise [agents.assistant].context_window" in warning
