@@ -7,33 +7,48 @@ message (the turn, or a command, runs on in the background), so a slow turn neve
 redeliver, and a message that could not be recorded is not acknowledged: Slack delivers it again
 (up to three retries; on the last one the person is asked to send it again instead). The
 listeners here only hand over what `channels.slack.receiving` (messages) and
-`channels.slack.interactions` (the slash command, button presses) make of an event.
+`channels.slack.interactions` (the slash command, button presses) make of an event; whatever
+else Slack sends (a shortcut, another app's button, an event Kaiwa does not read) is
+acknowledged all the same and logged once (`Unoffered`), so Slack never waits for it or sends
+it again. Who the bot is, bolt learns from the channel (`_authorized`), not from an `auth.test`
+of its own at the first event, which a Slack in trouble would answer by dropping the event.
 
-Connecting: the Socket Mode URL comes from `apps.connections.open`, asked once per connection by
-`SocketClient` (slack_sdk's client, reporting to the channel: `channels.slack.socket_mode`).
-`problems` asks it for `kaiwa check` and keeps the URL, which `run` then uses if it is still
-fresh, so a start asks Slack once. `connected` is cleared while a new URL is asked for and set
-once the socket is up; a URL Slack will not hand out sets `problem` and ends `run`, closing the
-client and its session: with a `ChannelError` when a token is refused (a person must fix it),
-else with a `PlatformError` (trying again later may do), and `run` can be called again.
-Stopping closes the client at once, whatever it was doing. In HTTP mode a body that cannot be
-read gets 400 (Slack retries a 5xx).
+Connecting: who the bot is (`auth.test`), then the Socket Mode URL, from `apps.connections.open`,
+asked once per connection by `SocketClient` (slack_sdk's client, reporting to the channel:
+`channels.slack.socket_mode`). `problems` asks both for `kaiwa check` and keeps the URL, which
+`run` then uses if it is still fresh, so a start asks Slack once. Slack's refusals
+(`channels.slack.refusals`) are met as they deserve, at start as later: a rate limit is waited
+out, as long as Slack asks; a refused token (`needs_a_person`) is a `ChannelError` (the bot
+stops: a person must fix it); anything else, a server error above all, is said as Slack's
+trouble and is no problem for the start: `run` meets it again and raises a `PlatformError`, and
+the supervisor tries again with backoff, as for a Slack it cannot reach. `connected` is cleared
+while a new URL is asked for and set once the socket is up; a URL Slack will not hand out sets
+`problem` and ends `run`, closing the client and its session, and `run` can be called again.
+Stopping closes the client at once, whatever it was doing, and cuts a rate limit's wait short.
+In HTTP mode a body that cannot be read gets 400 (Slack retries a 5xx).
 
 Replies and notices go out through `channels.slack.transport`.
 """
 
 import asyncio
 import logging
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.authorization import AuthorizeResult
+from slack_bolt.authorization.async_authorize import AsyncAuthorize
+from slack_bolt.context.async_context import AsyncBoltContext
+from slack_bolt.error import BoltUnhandledRequestError
 from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -50,14 +65,16 @@ from channels.rendering import (
 from channels.settings import SlackSettings
 from channels.slack.interactions import (
     PRESSES,
-    SLASH_COMMAND,
+    Unoffered,
     ack_command,
     ack_press,
     command_message,
     deliver_press,
 )
+from channels.slack.names import DisplayNames
 from channels.slack.receiving import Messages
-from channels.slack.socket_mode import KeptUrl, SocketClient, serve_socket_mode
+from channels.slack.refusals import Refusal
+from channels.slack.socket_mode import PING_SECONDS, KeptUrl, SocketClient, serve_socket_mode
 from channels.slack.transport import OnlyIdempotentRetries, SlackTransport
 from channels.throttled_log import ThrottledLog
 from core.channel import Button, ChannelTraits, Deliver, OnPost, Reply
@@ -66,7 +83,9 @@ from core.errors import ChannelError, StoreError
 logger = logging.getLogger(__name__)
 
 PLATFORM = SlackPlace.platform
-PASSING_ERRORS = {"ratelimited", "internal_error", "fatal_error", "service_unavailable"}
+SLASH_COMMANDS = re.compile("^/")
+"""Every slash command of the app is Kaiwa's, whatever its settings name it."""
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -76,53 +95,95 @@ class SlackTokens:
     signing_secret: str = ""
 
 
+class _KnownBot(AsyncAuthorize):
+    """Who the bot is, for bolt (which skips the bot's own events with it), as the channel's
+    `run` learnt it: bolt would otherwise ask `auth.test` itself, at the first event."""
+
+    def __init__(self, messages: Messages, token: str) -> None:
+        self._messages = messages
+        self._token = token
+
+    async def __call__(
+        self,
+        *,
+        context: AsyncBoltContext,
+        enterprise_id: str | None,
+        team_id: str | None,
+        user_id: str | None,
+        **actor: str | None,
+    ) -> AuthorizeResult:
+        itself = await self._messages.who_am_i()
+        return AuthorizeResult(
+            enterprise_id=enterprise_id,
+            team_id=team_id,
+            bot_token=self._token,
+            bot_id=itself.bot_id,
+            bot_user_id=itself.user_id,
+        )
+
+
 class SlackChannel(ConnectionState):
     platform = PLATFORM
 
-    def __init__(self, settings: SlackSettings, tokens: SlackTokens) -> None:
+    def __init__(
+        self, settings: SlackSettings, tokens: SlackTokens, *, socket_ping: float = PING_SECONDS
+    ) -> None:
         """`connected` is set while events can arrive (the socket is up, or the HTTP server
-        listens)."""
+        listens). `socket_ping`: Socket Mode's keepalive, and its pause between failed tries."""
         super().__init__()
         self._settings = settings
         self._tokens = tokens
+        self._socket_ping = socket_ping
         self.traits = ChannelTraits(frame_interval=settings.edit_interval)
         self._render = RenderSettings.of(settings)
-        self.web_client = AsyncWebClient(
-            token=tokens.bot, base_url=settings.api_url, retry_handlers=[OnlyIdempotentRetries()]
-        )
+        self.web_client = self._web_client(tokens.bot)
+        self._names = DisplayNames(self.web_client)
+        self._messages = Messages(settings, self.web_client, self._names)
         self._app = AsyncApp(
-            client=self.web_client,
+            client=self._web_client(None),  # bolt's requests carry the token `_authorized` gives
+            authorize=_KnownBot(self._messages, tokens.bot),
             signing_secret=tokens.signing_secret or None,
             request_verification_enabled=settings.mode == "http",
             process_before_response=True,
+            raise_error_for_unhandled_request=True,  # to `_on_error`, which acknowledges it
         )
         self._app.event("message")(self._on_event)
         self._app.event("app_mention")(self._on_event)
         # Lazy: the command is acknowledged at once, then handed over (which waits for a stop).
-        self._app.command(SLASH_COMMAND)(ack=ack_command, lazy=[self._on_command])
+        self._app.command(SLASH_COMMANDS)(ack=ack_command, lazy=[self._on_command])
         self._app.action(PRESSES)(ack=ack_press, lazy=[self._on_press])
         self._app.error(self._on_error)
         self._deliver: Deliver | None = None
         self._stopping = asyncio.Event()
         self._kept_url: KeptUrl | None = None
-        self._messages = Messages(settings, self.web_client)
         self._unreadable = ThrottledLog(logger)
+        self._unoffered = Unoffered()
+
+    def _web_client(self, token: str | None) -> AsyncWebClient:
+        return AsyncWebClient(
+            token=token, base_url=self._settings.api_url, retry_handlers=[OnlyIdempotentRetries()]
+        )
 
     async def problems(self) -> list[str]:
         """What `kaiwa check` reports for Slack: tokens Slack does not accept, a Slack it
-        cannot reach. The Socket Mode URL asked for here is kept for `run`."""
+        cannot reach. Slack's own trouble (a server error) is logged, and is no problem: the
+        start goes on, and `run` tries again. The Socket Mode URL asked for here is kept for
+        `run`."""
         problems = self._missing_secrets()
         try:
-            await self._messages.who_am_i()
-        except SlackApiError as exc:
-            problems.append(_token_problem("bot token", self._settings.bot_token_env, exc))
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return [*problems, self._unreachable(exc)]
-        if self._settings.mode == "socket" and self._tokens.app:
-            try:
+            await self._who_am_i()
+            if self._settings.mode == "socket" and self._tokens.app:
                 self._kept_url = KeptUrl(await self._open_socket_url(), time.monotonic())
-            except (ChannelError, PlatformError) as exc:
-                problems.append(str(exc))
+        except ChannelError as exc:
+            problems.append(str(exc))
+        except PlatformError as exc:
+            logger.warning(
+                "%s (Slack's trouble, not the settings: Kaiwa starts all the same, and connects "
+                "once Slack answers)",
+                exc,
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            problems.append(self._unreachable(exc))
         return problems
 
     def _missing_secrets(self) -> list[str]:
@@ -140,13 +201,8 @@ class SlackChannel(ConnectionState):
 
     async def run(self, deliver: Deliver) -> None:
         self._deliver = deliver
-        try:
-            await self._messages.who_am_i()
-        except SlackApiError as exc:
-            refusal = _refusal(exc, "bot token", self._settings.bot_token_env)
-            raise self.cannot_connect(refusal) from exc
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise self.cannot_connect(PlatformError(self._unreachable(exc))) from exc
+        with self._giving_up():
+            await self._who_am_i()
         try:
             if self._settings.mode == "http":
                 await self._serve_http()
@@ -163,8 +219,9 @@ class SlackChannel(ConnectionState):
         self.now_connected()
 
     async def close(self) -> None:
-        """Nothing left open: `run` closes the socket client, and each Web API call opens and
-        closes its own session."""
+        """Ends the name lookups still running; nothing else is left open: `run` closes the
+        socket client, and each Web API call opens and closes its own session."""
+        await self._names.close()
 
     def open_reply(
         self,
@@ -176,7 +233,11 @@ class SlackChannel(ConnectionState):
     ) -> Reply:
         working_on = reply_to.split(":", 1)[1] if reply_to else None
         transport = SlackTransport(
-            self.web_client, SlackPlace.of(place), working_on, self._settings.working_reaction
+            self.web_client,
+            SlackPlace.of(place),
+            self._messages.who_am_i,
+            working_on,
+            self._settings.working_reaction,
         )
         return StreamingReply(transport, self._render, place, posted, on_post)
 
@@ -185,11 +246,11 @@ class SlackChannel(ConnectionState):
     ) -> tuple[str, ...]:
         if await answered_privately(place, text, buttons):
             return ()
-        transport = SlackTransport(self.web_client, SlackPlace.of(place))
+        transport = SlackTransport(self.web_client, SlackPlace.of(place), self._messages.who_am_i)
         return await send_notice(transport, text, self._settings.final_edit_seconds, buttons)
 
     async def edit_notice(self, place: str, message_id: str, text: str) -> None:
-        transport = SlackTransport(self.web_client, SlackPlace.of(place))
+        transport = SlackTransport(self.web_client, SlackPlace.of(place), self._messages.who_am_i)
         await replace_notice(transport, message_id, text, self._settings.final_edit_seconds)
 
     # -- connecting ----------------------------------------------------------------------------
@@ -204,33 +265,75 @@ class SlackChannel(ConnectionState):
         kept, self._kept_url = self._kept_url, None
         if kept is not None and kept.fresh:
             return kept.url
-        try:
+        with self._giving_up():
             return await self._open_socket_url()
-        except (ChannelError, PlatformError) as exc:
-            raise self.cannot_connect(exc) from exc
+
+    async def _who_am_i(self) -> None:
+        bot = ("bot token", self._settings.bot_token_env)
+        await self._asking("auth.test", self._messages.who_am_i, *bot)
 
     async def _open_socket_url(self) -> str:
-        try:
-            opened = await self.web_client.apps_connections_open(app_token=self._tokens.app)
-        except SlackApiError as exc:
-            raise _refusal(exc, "app-level token", self._settings.app_token_env) from exc
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise PlatformError(self._unreachable(exc)) from exc
+        app = ("app-level token", self._settings.app_token_env)
+        opened = await self._asking(
+            "apps.connections.open",
+            lambda: self.web_client.apps_connections_open(app_token=self._tokens.app),
+            *app,
+        )
         url = opened.get("url")
         if not isinstance(url, str) or not url:
             raise PlatformError("Slack answered apps.connections.open without a Socket Mode URL")
         return url
 
+    async def _asking(
+        self, method: str, call: Callable[[], Awaitable[T]], kind: str, variable: str
+    ) -> T:
+        """`call`'s answer, through every rate limit on it. A token Slack refuses is a
+        `ChannelError` naming `kind` and its `variable`, any other refusal a `PlatformError`;
+        a network failure is raised as it is."""
+        while True:
+            try:
+                return await call()
+            except SlackApiError as exc:
+                refusal = Refusal.of(exc, method)
+                if refusal.needs_a_person:
+                    raise ChannelError(refusal.token_problem(kind, variable)) from exc
+                if not refusal.rate_limited:
+                    raise PlatformError(f"{refusal.described()}; it is tried again") from exc
+            await self._wait_out(refusal)
+
+    async def _wait_out(self, limit: Refusal) -> None:
+        """A rate limit, waited out as long as Slack asks (`problem` says so meanwhile); a stop
+        cuts it short, with a `PlatformError`."""
+        waiting = f"{limit.described()}; it is tried again then"
+        self.lost(waiting)
+        logger.warning("Slack: %s", waiting)
+        try:
+            await asyncio.wait_for(self._stopping.wait(), limit.retry_after)
+        except TimeoutError:
+            return
+        raise PlatformError(f"stopped while {limit.described()}")
+
+    @contextmanager
+    def _giving_up(self) -> Iterator[None]:
+        """A failure to connect, recorded as `problem` and raised; a Slack it cannot reach as a
+        `PlatformError` (tried again later)."""
+        try:
+            yield
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise self.cannot_connect(PlatformError(self._unreachable(exc))) from exc
+        except (ChannelError, PlatformError) as exc:
+            self.cannot_connect(exc)
+            raise
+
     def socket_connected(self) -> None:
         self.now_connected()
-        logger.info(
-            "Slack: connected over Socket Mode as %s", self._messages.identity.get("user_id")
-        )
+        itself = self._messages.identity
+        logger.info("Slack: connected over Socket Mode as %s", itself and itself.user_id)
 
     # -- receiving -----------------------------------------------------------------------------
 
     async def _serve_socket_mode(self) -> None:
-        client = SocketClient(self, self._tokens.app, self.web_client, self._app.logger)
+        client = SocketClient(self, self._tokens.app, self.web_client, self._socket_ping)
         await serve_socket_mode(self._app, client, self._stopping)
 
     async def _serve_http(self) -> None:
@@ -268,33 +371,20 @@ class SlackChannel(ConnectionState):
             await self._deliver(message)
 
     async def _on_command(self, command: dict[str, Any]) -> None:
-        message = command_message(command)
+        message = await command_message(command, self._names)
         if message is not None and self._deliver is not None:
             await self._deliver(message)
 
     async def _on_press(self, body: dict[str, Any]) -> None:
         if self._deliver is not None:
-            await deliver_press(self.web_client, body, self._deliver)
+            await deliver_press(self.web_client, body, self._deliver, self._names)
 
-    async def _on_error(self, error: Exception) -> None:
-        """A listener failed, so the event is not acknowledged and Slack delivers it again. A
-        message the store could not record was already logged by the dispatcher."""
+    async def _on_error(self, error: Exception, body: dict[str, Any]) -> BoltResponse | None:
+        """An envelope no listener takes is acknowledged (`Unoffered`). A listener that failed
+        leaves its event unacknowledged, so Slack delivers it again; a message the store could
+        not record was already logged by the dispatcher."""
+        if isinstance(error, BoltUnhandledRequestError):
+            return self._unoffered.acknowledged(body)
         if not isinstance(error, StoreError):
             logger.error("Slack: handling an event failed", exc_info=error)
-
-
-def _refusal(exc: SlackApiError, kind: str, variable: str) -> Exception:
-    """A refusal that passes (Slack busy, rate limited) as a `PlatformError`, to try again
-    later; any other (a token refused, revoked, of the wrong kind) as a `ChannelError`."""
-    error = exc.response.get("error", f"HTTP {exc.response.status_code}")
-    if exc.response.status_code >= 500 or error in PASSING_ERRORS:
-        return PlatformError(f"Slack will not connect for now ({error}); it is tried again")
-    return ChannelError(_token_problem(kind, variable, exc))
-
-
-def _token_problem(kind: str, variable: str, exc: SlackApiError) -> str:
-    error = exc.response.get("error", "error")
-    return (
-        f"Slack rejected the {kind} in ${variable} ({error}): copy it again from your app's "
-        "settings"
-    )
+        return None

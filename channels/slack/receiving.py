@@ -13,6 +13,8 @@ Which messages are ours, and where they belong:
   again.
 - The bot sees its own messages as events: they are ignored (another bot's only unless
   `answer_bots`).
+- An event names its author by member id alone: the name people know them by comes from
+  `channels.slack.names` (another bot's from the event itself).
 
 Who the bot is (`who_am_i`: its user and bot ids, from `auth.test`) is asked once, before the
 first event is read.
@@ -20,6 +22,7 @@ first event is read.
 
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from slack_bolt.request.async_request import AsyncBoltRequest
@@ -29,6 +32,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.places import SlackPlace
 from channels.presses import without_mention
 from channels.settings import SlackSettings
+from channels.slack.names import DisplayNames
 from core.channel import ChannelMessage
 
 logger = logging.getLogger(__name__)
@@ -37,23 +41,39 @@ LAST_RETRY = 3  # Slack retries an unacknowledged event three times
 IGNORED_SUBTYPES = {"message_changed", "message_deleted", "channel_join", "channel_leave"}
 
 
+@dataclass(frozen=True)
+class Identity:
+    """Who the bot is on Slack: its member id (what mentions name) and its bot id."""
+
+    user_id: str = ""
+    bot_id: str = ""
+
+    def wrote(self, message: dict[str, Any]) -> bool:
+        """Whether `message` (an event, or one read back from Slack) is the bot's own."""
+        if self.bot_id and message.get("bot_id") == self.bot_id:
+            return True
+        return bool(self.user_id) and message.get("user") == self.user_id
+
+
 class Messages:
     """The message events of one bot's workspace, read as the dispatcher's messages."""
 
-    def __init__(self, settings: SlackSettings, client: AsyncWebClient) -> None:
+    def __init__(
+        self, settings: SlackSettings, client: AsyncWebClient, names: DisplayNames
+    ) -> None:
         self._settings = settings
         self._client = client
-        self.identity: dict[str, str] = {}
-        """The bot's `user_id` and `bot_id`, once `who_am_i` has asked."""
+        self._names = names
+        self.identity: Identity | None = None
+        """Who the bot is, once `who_am_i` has asked."""
         self._threads: dict[tuple[str, str], bool] = {}
 
-    async def who_am_i(self) -> None:
-        if not self.identity:
-            identity = await self._client.auth_test()
-            self.identity = {
-                "user_id": identity.get("user_id", ""),
-                "bot_id": identity.get("bot_id", ""),
-            }
+    async def who_am_i(self) -> Identity:
+        """Who the bot is: asked of `auth.test` once (raises slack_sdk's errors)."""
+        if self.identity is None:
+            answer = await self._client.auth_test()
+            self.identity = Identity(answer.get("user_id") or "", answer.get("bot_id") or "")
+        return self.identity
 
     async def message_of(
         self, event: dict[str, Any], body: dict[str, Any], request: AsyncBoltRequest
@@ -71,6 +91,7 @@ class Messages:
             place=where.key,
             message_id=f"{event['channel']}:{event['ts']}",
             author_id=event.get("user", ""),
+            author_name=await self._author_name(event),
             text=text,
             room=event["channel"],
             redeliverable=_retry_number(request) < LAST_RETRY,
@@ -79,10 +100,18 @@ class Messages:
     def _is_from_a_person(self, event: dict[str, Any]) -> bool:
         if event.get("subtype") in IGNORED_SUBTYPES or "channel" not in event:
             return False
+        itself = self.identity or Identity()
         if event.get("bot_id") or event.get("subtype") == "bot_message":
-            own = event.get("bot_id") == self.identity.get("bot_id")
+            own = event.get("bot_id") == itself.bot_id
             return not own and self._settings.answer_bots
-        return event.get("user") != self.identity.get("user_id")
+        return event.get("user") != itself.user_id
+
+    async def _author_name(self, event: dict[str, Any]) -> str:
+        """A person's name from Slack; another bot's as its message shows it."""
+        bot_name = event.get("username") or (event.get("bot_profile") or {}).get("name")
+        if event.get("bot_id") and bot_name:
+            return str(bot_name)
+        return await self._names.of(event.get("user", ""))
 
     async def _where(self, event: dict[str, Any], body: dict[str, Any]) -> SlackPlace | None:
         """The conversation `event` belongs to, or None when it is not for the bot."""
@@ -106,17 +135,14 @@ class Messages:
             except SlackApiError as exc:  # not cached: the next message in the thread asks again
                 logger.warning("Slack: cannot read thread %s in %s: %s", thread, channel, exc)
                 return False
-            own = self.identity.get("user_id")
-            known = any(
-                message.get("user") == own or message.get("bot_id") == self.identity.get("bot_id")
-                for message in replies.get("messages", [])
-            )
+            itself = self.identity or Identity()
+            known = any(itself.wrote(message) for message in replies.get("messages", []))
             self._threads[(channel, thread)] = known
         return known
 
     def _mention(self) -> re.Pattern[str]:
         """The bot's mention, with the blanks around it."""
-        mention = f"<@{self.identity.get('user_id')}>"
+        mention = f"<@{(self.identity or Identity()).user_id}>"
         return re.compile(rf"[ \t]*{re.escape(mention)}[ \t]*")
 
 

@@ -12,14 +12,19 @@ While nothing is visible yet, a reaction (`working_reaction`) on the person's me
 bot is working; it goes away when the reply starts (after the reaction's own request, if that is
 still in flight, so it cannot land after its removal). Slack's errors are mapped here
 (`mapped_errors`) and nowhere else: HTTP 429 or `ratelimited` → `RateLimited`, any other refusal
-or network failure → `PlatformError`, a post answered without its `ts` → `LostMessage` (never the
-text "None" as a message id), and so is a post whose answer never came: it may be out, so it is
-not sent again. slack_sdk's own retries are limited to that rule (`OnlyIdempotentRetries`): a call
-that creates a message is never sent twice by the library either.
+or network failure → `PlatformError`.
+
+A post answered without its `ts` (never the text "None" as a message id), or whose answer never
+came, is looked for among the bot's newest messages (`channels.slack.own_posts`): found, the
+reply goes on with it; a post without an answer that is not there did not land, and is posted
+once more; whatever is still unknown is a `LostMessage`: it may be out, so it is not sent again.
+slack_sdk's own retries follow the same rule (`OnlyIdempotentRetries`): a call that creates a
+message is never sent twice by the library.
 """
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -35,11 +40,16 @@ from channels.formatting import slack_mrkdwn
 from channels.places import SlackPlace
 from channels.presses import fitting, payload
 from channels.rendering import LostMessage, PlatformError, RateLimited
+from channels.slack.own_posts import WhoAmI, find_own_post, is_ts, lookback_ts
+from channels.slack.refusals import Refusal
 from core.channel import Button
+
+logger = logging.getLogger(__name__)
 
 MESSAGE_LIMIT = 3000  # the text of a section block, which carries a live message's text
 ACTION_ID_LIMIT = 255
 ACTIONS_PER_BLOCK = 25
+POSTS_TRIED = 2  # a post without an answer that did not land is posted once more
 
 
 class SlackTransport:
@@ -52,17 +62,23 @@ class SlackTransport:
         self,
         client: AsyncWebClient,
         where: SlackPlace,
+        who_am_i: WhoAmI,
         working_on: str | None = None,
         reaction: str = "",
     ) -> None:
+        """`who_am_i` tells the bot's own messages apart when a post is looked for."""
         self._client = client
+        self._where = where
         self._channel = where.channel
         self._thread = where.thread_ts
+        self._who_am_i = who_am_i
         self._working_on = working_on
         self._reaction = reaction
         self._working = asyncio.Lock()
         self._reacted = False
         self._replied = False
+        self._newest = working_on if is_ts(working_on) else None
+        """The newest message of Slack's this reply knows of: a lost post is newer."""
 
     @staticmethod
     def measure(text: str) -> int:
@@ -71,18 +87,44 @@ class SlackTransport:
 
     async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
         mrkdwn = slack_mrkdwn(text)
+        blocks = with_buttons(mrkdwn, buttons) if buttons else None
+        for _ in range(POSTS_TRIED):
+            since = self._newest or lookback_ts()
+            try:
+                ts = await self._post(mrkdwn, blocks)
+            except LostMessage:  # sent, and no answer came
+                ts = await self._find(mrkdwn, since)
+                if ts is None:
+                    logger.info("Slack: a chat.postMessage got no answer and did not land")
+                    continue
+            else:
+                ts = ts or await self._found(mrkdwn, since)
+            await self._stop_working()
+            self._newest = ts
+            return ts
+        raise PlatformError(f"Slack answered none of {POSTS_TRIED} chat.postMessage calls")
+
+    async def _post(self, mrkdwn: str, blocks: list[dict[str, Any]] | None) -> str | None:
+        """The new message's ts; None when Slack's answer leaves it out."""
         with mapped_errors("chat.postMessage", creates=True):
             posted = await self._client.chat_postMessage(
-                channel=self._channel,
-                thread_ts=self._thread,
-                text=mrkdwn,
-                blocks=with_buttons(mrkdwn, buttons) if buttons else None,
+                channel=self._channel, thread_ts=self._thread, text=mrkdwn, blocks=blocks
             )
-        await self._stop_working()
         ts = posted.get("ts")
-        if not isinstance(ts, str) or not ts:
-            raise LostMessage("Slack answered chat.postMessage without the message's ts")
+        return ts if isinstance(ts, str) and ts else None
+
+    async def _found(self, mrkdwn: str, since: str) -> str:
+        """The ts of a post Slack took without saying its ts."""
+        ts = await self._find(mrkdwn, since)
+        if ts is None:
+            raise LostMessage(
+                "Slack answered chat.postMessage without the message's ts, and the message is "
+                "not among the newest: it is not sent again"
+            )
         return ts
+
+    async def _find(self, mrkdwn: str, since: str) -> str | None:
+        return await find_own_post(self._client, self._where, mrkdwn, since, self._who_am_i)
 
     async def edit(self, message_id: str, text: str, *, buttons: Sequence[Button] = ()) -> None:
         mrkdwn = slack_mrkdwn(text)
@@ -152,10 +194,10 @@ def mapped_errors(method: str, *, creates: bool = False) -> Iterator[None]:
     try:
         yield
     except SlackApiError as exc:
-        if exc.response.status_code == 429 or exc.response.get("error") == "ratelimited":
-            raise RateLimited(float(exc.response.headers.get("Retry-After", 1))) from exc
-        error = exc.response.get("error", f"HTTP {exc.response.status_code}")
-        raise PlatformError(f"Slack refused {method} ({error})") from exc
+        refusal = Refusal.of(exc, method)
+        if refusal.rate_limited:
+            raise RateLimited(refusal.retry_after) from exc
+        raise PlatformError(refusal.described()) from exc
     except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
         failed = f"Slack {method} failed: {exc or type(exc).__name__}"
         if creates and not isinstance(exc, aiohttp.ClientConnectorError | SlackClientError):

@@ -5,15 +5,18 @@ import asyncio
 import contextlib
 import functools
 import gc
+import logging
 import socket
 from collections.abc import AsyncIterator
 
 import pytest
+from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.presses import STOP, payload
 from channels.rendering import PlatformError
 from channels.settings import SlackSettings
 from channels.slack.channel import SlackChannel, SlackTokens
+from channels.slack.names import DisplayNames
 from core.agent.tools import ToolContext
 from core.errors import ChannelError
 from core.features.schedule.timing import ScheduleSettings, When
@@ -520,18 +523,16 @@ async def test_stopping_while_the_socket_cannot_connect_is_prompt(
     gc.collect()  # a session left open warns here, and warnings fail the test
 
 
-async def test_run_starts_again_after_slack_was_too_busy_to_connect(
+async def test_a_rate_limit_at_start_is_waited_out_and_said_meanwhile(
     make_bot: BotFactory,
 ) -> None:
+    """Regression: a 429 on `apps.connections.open` at start exited with "it is tried again",
+    and nothing tried again."""
     async with FakeSlack() as fake:
-        fake.refuse("apps.connections.open", "ratelimited")
+        fake.fail_next("apps.connections.open", retry_after=0.3)
         channel = socket_mode_channel(fake)
+        assert await channel.problems() == [], "a rate limit is nobody's mistake"
         bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
-        with pytest.raises(PlatformError, match="ratelimited"):
-            await asyncio.wait_for(channel.run(bot.dispatcher.handle), 5)
-        assert channel.problem is not None and not channel.connected.is_set()
-
-        fake.allow("apps.connections.open")
         bot.ollama.script(Text("Connected after all."))
         async with running(channel, bot):
             await fake.wait_connected(1)
@@ -539,6 +540,121 @@ async def test_run_starts_again_after_slack_was_too_busy_to_connect(
             await fake.wait_until(lambda: fake.posted(DM), what="the reply")
     assert [posted.text for posted in fake.posted(DM)] == ["Connected after all."]
     assert channel.problem is None
+
+
+@pytest.mark.parametrize("error", ["", "fatal_error"], ids=["http-500-page", "fatal-error"])
+async def test_a_slack_server_error_at_start_is_not_called_a_token_problem(
+    make_bot: BotFactory, error: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: `auth.test` answering HTTP 500 (or `fatal_error`) was reported as "Slack
+    rejected the bot token … copy it again". A server error is said as one, the start goes on,
+    and `run` raises a `PlatformError` (tried again with backoff), then connects."""
+    async with FakeSlack() as fake:
+        fake.fail_next("auth.test", error=error, status=500, times=2)
+        channel = socket_mode_channel(fake)
+        assert await channel.problems() == []
+        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
+        with pytest.raises(PlatformError) as raised:
+            await asyncio.wait_for(channel.run(bot.dispatcher.handle), 5)
+        async with running(channel, bot):
+            await fake.wait_connected(1)
+    said = f"Slack had a server error answering auth.test (HTTP 500{', ' + error if error else ''})"
+    assert str(raised.value) == f"{said}; it is tried again"
+    assert "token" not in caplog.text and "token" not in str(raised.value)
+    assert f"{said}; it is tried again (Slack's trouble, not the settings" in caplog.text
+
+
+async def test_a_socket_that_keeps_failing_is_one_line_per_cause_without_tracebacks(
+    make_bot: BotFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: while Socket Mode refused connections, Kaiwa said only "still trying", and
+    slack_sdk logged why with a 48-line traceback at every try, on stderr too."""
+    caplog.set_level(logging.INFO)
+    async with FakeSlack() as fake:
+        fake.sockets_refused = True
+        settings = SlackSettings(api_url=fake.api_url, edit_interval=0.05)
+        channel = SlackChannel(settings, SlackTokens(BOT_TOKEN, APP_TOKEN), socket_ping=0.05)
+        bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
+        reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
+        await fake.wait_until(lambda: fake.refused_sockets >= 4, what="four refused sockets")
+        problem = channel.problem
+        await channel.stop_receiving()
+        await asyncio.wait_for(reading, 5)
+        await channel.close()
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in said] == [f"Slack: {problem}"], "one line for one cause"
+    assert problem is not None and "Socket Mode connection failed (Slack answered HTTP 503)" in (
+        problem
+    )
+    assert "ticket=" not in caplog.text
+    assert not [r for r in caplog.records if r.exc_info and r.levelno > logging.DEBUG]
+
+
+SHORTCUT = {
+    "type": "shortcut",
+    "token": "verification-token",
+    "action_ts": "1700000001.000200",
+    "team": {"id": TEAM, "domain": "example"},
+    "user": {"id": ANN_ID, "username": "ann", "team_id": TEAM},
+    "is_enterprise_install": False,
+    "callback_id": "summarize_everything",
+    "trigger_id": "1700000001.1.abc",
+}
+MESSAGE_SHORTCUT = {
+    **SHORTCUT,
+    "type": "message_action",
+    "callback_id": "save_message",
+    "message_ts": "1700000000.000100",
+    "channel": {"id": ROOM, "name": "general"},
+    "message": {"type": "message", "user": ANN_ID, "ts": "1700000000.000100", "text": "hi"},
+    "response_url": "https://hooks.slack.com/app/T1/1/abc",
+}
+SOMEONE_ELSES_BUTTON = {
+    "type": "block_actions",
+    "team": {"id": TEAM, "domain": "example"},
+    "user": {"id": ANN_ID, "username": "ann", "team_id": TEAM},
+    "api_app_id": "A1",
+    "container": {"type": "message", "message_ts": "1700000000.000100", "channel_id": ROOM},
+    "trigger_id": "1700000001.2.def",
+    "channel": {"id": ROOM, "name": "general"},
+    "actions": [
+        {
+            "type": "button",
+            "action_id": "approve_request",
+            "block_id": "b1",
+            "value": "42",
+            "action_ts": "1700000001.000300",
+        }
+    ],
+}
+
+
+async def test_envelopes_kaiwa_does_not_offer_are_acknowledged_and_logged_once(
+    make_bot: BotFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: Slack's sample shortcut, message shortcut and button envelopes were never
+    acknowledged, so Slack showed the person an error and sent them again."""
+    caplog.set_level(logging.INFO)
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        sent = [
+            fake.deliver("interactive", SHORTCUT),
+            fake.deliver("interactive", MESSAGE_SHORTCUT),
+            fake.deliver("interactive", SOMEONE_ELSES_BUTTON),
+            fake.deliver("interactive", SHORTCUT),
+            fake.slash_command("/ask-kaiwa", "", channel=ROOM, user=ANN_ID),
+        ]
+        acked = lambda: {ack.envelope_id for ack in fake.acks}  # noqa: E731
+        await fake.wait_until(lambda: set(sent) <= acked(), what="every envelope acknowledged")
+    logged = [r.getMessage() for r in caplog.records if "Kaiwa does not offer" in r.getMessage()]
+    assert [line.split(",")[0] for line in logged] == [
+        "Slack sent the global shortcut 'summarize_everything'",
+        "Slack sent the message shortcut 'save_message'",
+        "Slack sent a press of a button Kaiwa did not make (approve_request)",
+    ], "once per kind"
+    (usage,) = [ack.payload for ack in fake.acks if ack.envelope_id == sent[-1]]
+    assert "/ask-kaiwa stop <thread link>" in str(usage), "any slash command of the app is Kaiwa's"
+    assert fake.posted(ROOM) == [] and slack.bot.ollama.requests == []
 
 
 async def test_http_mode_answers_a_body_it_cannot_read_with_400(make_bot: BotFactory) -> None:
@@ -560,3 +676,21 @@ async def test_http_mode_takes_a_stop_button_press_too(make_bot: BotFactory) -> 
         await fake.wait_until(lambda: fake.ephemeral, what="the answer")
     assert [said.text for said in fake.ephemeral] == ["Stopped."]
     assert [posted.text for posted in fake.posted(DM)] == ["Half (stopped)"]
+
+
+async def test_a_name_is_asked_once_and_without_the_scope_the_member_id_stands_in(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression: Slack showed member ids where names belong ("UHUMAN01 allowed it once")."""
+    async with FakeSlack() as fake:
+        fake.person("U7", display_name="", real_name="Ann Example")
+        names = DisplayNames(AsyncWebClient(token=BOT_TOKEN, base_url=fake.api_url))
+        assert [await names.of("U7"), await names.of("U7")] == ["Ann Example"] * 2
+        assert len(fake.calls_to("users.info")) == 1, "remembered"
+
+        fake.refuse("users.info", "missing_scope")
+        assert [await names.of("U8"), await names.of("U9")] == ["U8", "U9"]
+        await names.close()
+    (said,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said.startswith("Slack: no name for U8, its member id stands in: Slack refused")
+    assert "give the app the users:read scope" in said

@@ -10,10 +10,15 @@ exactly what production code sees. It is one ``aiohttp.web`` app on 127.0.0.1:
   as a form), the token from ``Authorization: Bearer`` or a ``token`` parameter. Answers are
   Slack's: ``{"ok": true, ...}``, errors ``{"ok": false, "error": ...}`` with HTTP 200, and a rate
   limit is HTTP 429 with ``Retry-After`` (``fail_next``; a test may ask for fractions of a
-  second, where Slack says whole ones). Like the doubles in Slack's own test suites, it can
-  refuse a method outright (``refuse``) or answer one without a field (``answer_without``: a
-  ``chat.postMessage`` without its ``ts``). ``holds`` keeps answers waiting on a condition and
-  counts requests in flight and requests abandoned by the client.
+  second, where Slack says whole ones), a server error an HTTP 5xx (``fail_next(status=500)``).
+  Like the doubles in Slack's own test suites, it can refuse a method outright (``refuse``) or
+  answer one without a field (``answer_without``: a ``chat.postMessage`` without its ``ts``),
+  and it can cut a call's connection after it took effect or before (``hang_up_after``,
+  ``hang_up_before``). ``holds`` keeps answers waiting on a condition and counts requests in
+  flight and requests abandoned by the client. Messages can be read back as a bot reads them:
+  ``conversations.replies`` (a thread, its parent first) and ``conversations.history`` (the top
+  level, newest first), both within ``oldest``/``latest``; ``users.info`` describes members as
+  Slack does (``person`` sets one's display name, real name and handle).
 - ``/socket``: the Socket Mode websocket, whose URL ``apps.connections.open`` hands out for the
   app-level token. Each connection gets ``hello``; envelopes go to the newest connection, and
   envelopes made while none is connected wait for the next ``hello``, as on Slack. Acks are
@@ -24,7 +29,8 @@ exactly what production code sees. It is one ``aiohttp.web`` app on 127.0.0.1:
 
 People are simulated with ``mention``/``message``/``dm``/``bot_message``/``slash_command``/
 ``press_button``, which make envelopes synchronously and return what a test needs next (a ``ts``
-or envelope id); one writer task puts them on the wire in order. A bot message may carry Block
+or envelope id); ``deliver`` sends any payload as given (Slack's documented samples); one writer
+task puts them on the wire in order. A bot message may carry Block
 Kit ``blocks``; as on Slack, a ``chat.update`` without ``blocks`` keeps the message's blocks and
 ``blocks=[]`` takes them away, and a button can be pressed only while its message shows it (an
 ``interactive`` envelope with a ``block_actions`` payload). ``chat.postEphemeral`` messages are
@@ -147,6 +153,7 @@ class ResponseUrlPost:
 class _Failure:
     error: str
     retry_after: float
+    status: int | None = None
 
 
 @dataclass(eq=False)
@@ -167,6 +174,9 @@ class _ApiError(Exception):
 
     def response(self) -> web.Response:
         headers = {} if self.retry_after is None else {"Retry-After": f"{self.retry_after:g}"}
+        if not self.error:  # a server in front of Slack's API, answering with its own page
+            page = f"<html><body><h1>{self.status} Server Error</h1></body></html>"
+            return web.Response(status=self.status, text=page, content_type="text/html")
         return web.json_response(
             {"ok": False, "error": self.error}, status=self.status, headers=headers
         )
@@ -180,7 +190,7 @@ def signature(secret: str, timestamp: str, body: str) -> str:
 
 def _ts_key(ts: str) -> tuple[int, int]:
     seconds, _, micros = ts.partition(".")
-    return int(seconds or 0), int(micros or 0)
+    return int(seconds or 0), int((micros + "000000")[:6])
 
 
 def _channel_name(channel: str) -> str:
@@ -199,6 +209,28 @@ def _is_a_message(event: Mapping[str, Any]) -> bool:
         and bool(event.get("ts"))
         and event.get("subtype") not in ("message_changed", "message_deleted")
     )
+
+
+def _in_range(messages: list[_Json], params: Mapping[str, Any]) -> list[_Json]:
+    """The messages within ``oldest`` and ``latest`` (either bound itself only if
+    ``inclusive``), as ``conversations.history`` and ``conversations.replies`` read them."""
+    inclusive = str(params.get("inclusive", "")).lower() in ("1", "true")
+    oldest, latest = _text_param(params, "oldest"), _text_param(params, "latest")
+
+    def within(ts: str) -> bool:
+        key = _ts_key(ts)
+        after = not oldest or key > _ts_key(oldest) or (inclusive and key == _ts_key(oldest))
+        before = not latest or key < _ts_key(latest) or (inclusive and key == _ts_key(latest))
+        return after and before
+
+    return [m for m in messages if within(str(m["ts"]))]
+
+
+def _limit(params: Mapping[str, Any]) -> int:
+    try:
+        return max(1, int(params.get("limit") or 100))
+    except ValueError:
+        raise _ApiError("invalid_limit") from None
 
 
 async def _read_params(request: web.Request) -> dict[str, Any]:
@@ -308,7 +340,9 @@ class FakeSlack:
         ``refused_sockets``: a Slack the bot cannot connect to, for now."""
         self.refused_sockets = 0
         self._without: dict[str, str] = {}  # method -> answer field left out
+        self._people: dict[str, tuple[str, str, str]] = {}  # id -> name, display, real name
         self._hang_ups: Counter[str] = Counter()  # method -> calls whose answer never comes
+        self._cut_short: Counter[str] = Counter()  # method -> calls cut before taking effect
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -321,6 +355,7 @@ class FakeSlack:
             "chat.delete": ("bot", self._delete),
             "chat.postEphemeral": ("bot", self._post_ephemeral),
             "conversations.replies": ("bot", self._replies),
+            "conversations.history": ("bot", self._history),
             "reactions.add": ("bot", self._reaction_add),
             "reactions.remove": ("bot", self._reaction_remove),
             "users.info": ("bot", self._users_info),
@@ -458,6 +493,21 @@ class FakeSlack:
                 "type": "slash_commands",
                 "accepts_response_payload": True,
                 "payload": self._command_payload(envelope_id, command, text, channel, user),
+            }
+        )
+        return envelope_id
+
+    def deliver(self, kind: str, payload: _Json) -> str:
+        """An envelope of ``kind`` (``events_api``, ``slash_commands`` or ``interactive``) that
+        carries ``payload`` exactly as given, such as one of the samples in Slack's
+        documentation (a shortcut, someone else's button); returns its envelope id."""
+        envelope_id = str(uuid.uuid4())
+        self._send(
+            {
+                "envelope_id": envelope_id,
+                "type": kind,
+                "accepts_response_payload": kind == "slash_commands",
+                "payload": payload,
             }
         )
         return envelope_id
@@ -686,15 +736,24 @@ class FakeSlack:
     # --- scripted failures ---
 
     def fail_next(
-        self, method: str, *, error: str = "ratelimited", retry_after: float = 1, times: int = 1
+        self,
+        method: str,
+        *,
+        error: str = "ratelimited",
+        retry_after: float = 1,
+        times: int = 1,
+        status: int | None = None,
     ) -> None:
         """Refuse the next ``times`` calls of ``method``: "ratelimited" is HTTP 429 with
         ``Retry-After: retry_after``; any other error is HTTP 200 ``{"ok": false, "error": ...}``.
+        With ``status`` (a server error: 500, 503, ...) the answer has that HTTP status, its body
+        ``{"ok": false, "error": error}``, or with ``error=""`` an HTML error page, as a proxy in
+        front of Slack's API answers when Slack is down.
         """
         if times < 1:
             raise ValueError(f"times must be at least 1, got {times}")
         failures = self._failures.setdefault(method, deque())
-        failures.extend([_Failure(error, retry_after)] * times)
+        failures.extend([_Failure(error, retry_after, status)] * times)
 
     def refuse(self, method: str, error: str = "invalid_auth") -> None:
         """Refuse every call of ``method`` from now on with ``{"ok": false, "error": error}``;
@@ -703,6 +762,13 @@ class FakeSlack:
 
     def allow(self, method: str) -> None:
         self._refused.pop(method, None)
+
+    def person(
+        self, user: str, *, display_name: str = "", real_name: str = "", name: str = ""
+    ) -> None:
+        """Give member ``user`` a profile, as ``users.info`` answers for them: a display name
+        (empty when they never set one), a real name and a handle (``name``)."""
+        self._people[user] = (name or f"user-{user.lower()}", display_name, real_name)
 
     def answer_without(self, method: str, key: str) -> None:
         """From now on answer ``method`` as usual (it takes effect) but leave ``key`` out of
@@ -714,6 +780,12 @@ class FakeSlack:
         before the answer (`holds.hang_up`)."""
         self._hang_ups[method] += times
 
+    def hang_up_before(self, method: str, times: int = 1) -> None:
+        """The connection of the next ``times`` calls of ``method`` is cut as they arrive, before
+        they take effect (recorded with the error ``connection_cut``): to the client, the same
+        silence as ``hang_up_after``."""
+        self._cut_short[method] += times
+
     # --- Web API ---
 
     async def _api(self, request: web.Request) -> web.Response:
@@ -723,9 +795,15 @@ class FakeSlack:
         try:
             params = await _read_params(request)
             token = _token(request, params)
+            if self._cut_short[method] > 0:
+                self._cut_short[method] -= 1
+                self._record(Call(method, params, time.time(), "connection_cut", token, 0))
+                return hang_up(request)
             failures = self._failures.get(method)
             if failures:
                 failure = failures.popleft()
+                if failure.status is not None:
+                    raise _ApiError(failure.error, failure.status)
                 if failure.error == "ratelimited":
                     raise _ApiError("ratelimited", 429, failure.retry_after)
                 raise _ApiError(failure.error)
@@ -891,11 +969,38 @@ class FakeSlack:
         root = str(found.get("thread_ts") or ts)
         thread = [m for m in messages.values() if m["ts"] == root or m.get("thread_ts") == root]
         thread.sort(key=lambda m: _ts_key(m["ts"]))
+        replies = _in_range(thread[1:], params)[: _limit(params)]
+        shown = [thread[0], *replies]  # the parent comes first, whatever the range
         return {
-            "messages": [self._as_returned(channel, m, root, thread) for m in thread],
+            "messages": [self._as_returned(channel, m, root, thread) for m in shown],
             "has_more": False,
             "response_metadata": {"next_cursor": ""},
         }
+
+    def _history(self, params: dict[str, Any]) -> _Json:
+        """A conversation's top level, newest first: messages outside threads and the parents
+        of threads (the replies stay in their threads), within ``oldest``/``latest``."""
+        channel = _text_param(params, "channel")
+        if not channel:
+            raise _ApiError("channel_not_found")
+        messages = self._messages.get(channel, {})
+        top = [m for m in messages.values() if m.get("thread_ts") in (None, m["ts"])]
+        top.sort(key=lambda m: _ts_key(m["ts"]), reverse=True)
+        shown = _in_range(top, params)[: _limit(params)]
+        return {
+            "messages": [
+                self._as_returned(channel, m, m["ts"], self._thread_of(channel, m["ts"]))
+                for m in shown
+            ],
+            "has_more": False,
+            "pin_count": 0,
+            "response_metadata": {"next_cursor": ""},
+        }
+
+    def _thread_of(self, channel: str, root: str) -> list[_Json]:
+        messages = self._messages.get(channel, {}).values()
+        thread = [m for m in messages if m["ts"] == root or m.get("thread_ts") == root]
+        return sorted(thread, key=lambda m: _ts_key(m["ts"]))
 
     def _as_returned(self, channel: str, message: _Json, root: str, thread: list[_Json]) -> _Json:
         shown = dict(message)
@@ -945,24 +1050,44 @@ class FakeSlack:
         return {}
 
     def _users_info(self, params: dict[str, Any]) -> _Json:
+        """A member as Slack describes one: ``name`` is the old handle, ``real_name`` the full
+        name, and ``profile.display_name`` what Slack shows, empty when the person never set
+        one (then Slack shows the real name)."""
         user = _text_param(params, "user")
         if user == BOT_USER:
-            name, is_bot = BOT_NAME, True
+            name, display_name, real_name, is_bot = BOT_NAME, "", BOT_NAME.title(), True
+        elif user in self._people:
+            (name, display_name, real_name), is_bot = self._people[user], False
         elif user[:1] in ("U", "W") and len(user) > 1:
-            name, is_bot = f"user-{user.lower()}", False
+            name, display_name, is_bot = f"user-{user.lower()}", "", False
+            real_name = name.title()
         else:
             raise _ApiError("user_not_found")
+        profile = {
+            "real_name": real_name,
+            "real_name_normalized": real_name,
+            "display_name": display_name,
+            "display_name_normalized": display_name,
+            "status_text": "",
+            "status_emoji": "",
+            "team": TEAM,
+        }
         return {
             "user": {
                 "id": user,
                 "team_id": TEAM,
                 "name": name,
-                "real_name": name.title(),
                 "deleted": False,
+                "real_name": real_name,
+                "tz": "Europe/London",
+                "tz_label": "Greenwich Mean Time",
+                "tz_offset": 0,
+                "profile": profile,
+                "is_admin": False,
+                "is_owner": False,
                 "is_bot": is_bot,
                 "is_app_user": False,
-                "tz": "Europe/London",
-                "profile": {"display_name": name, "real_name": name.title(), "team": TEAM},
+                "updated": 1_700_000_000,
             }
         }
 

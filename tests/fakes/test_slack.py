@@ -961,3 +961,90 @@ async def test_refused_sockets_are_counted_and_none_connects(
             await within(session.ws_connect(opened["url"]))
     assert refused.value.status == 503
     assert fake.refused_sockets == 1 and fake.hellos == 0
+
+
+async def test_a_server_error_is_an_http_5xx_with_slacks_json_or_a_page(
+    fake: FakeSlack, client: AsyncWebClient
+):
+    fake.fail_next("auth.test", error="fatal_error", status=500)
+    fake.fail_next("auth.test", error="", status=503)
+    with pytest.raises(SlackApiError) as json_answer:
+        await within(client.auth_test())
+    with pytest.raises(SlackApiError) as page_answer:
+        await within(client.auth_test())
+    assert (json_answer.value.response.status_code, json_answer.value.response["error"]) == (
+        500,
+        "fatal_error",
+    )
+    assert (page_answer.value.response.status_code, page_answer.value.response.data) == (503, {})
+    assert (await within(client.auth_test()))["user_id"] == BOT_USER
+
+
+async def test_a_call_cut_before_it_takes_effect_leaves_nothing(fake: FakeSlack):
+    """slack_sdk's default retry handler would send the call again: without it, the client
+    sees the cut connection itself."""
+    client = AsyncWebClient(token=BOT_TOKEN, base_url=fake.api_url, retry_handlers=[])
+    fake.hang_up_before("chat.postMessage")
+    with pytest.raises(aiohttp.ClientError):
+        await within(client.chat_postMessage(channel="D1", text="lost on the way"))
+    assert fake.posted("D1") == []
+    assert [call.error for call in fake.calls_to("chat.postMessage")] == ["connection_cut"]
+    await within(client.chat_postMessage(channel="D1", text="arrives"))
+    assert [p.text for p in fake.posted("D1")] == ["arrives"]
+
+
+async def test_the_bot_reads_back_a_thread_and_a_top_level_within_a_range(
+    fake: FakeSlack, client: AsyncWebClient
+):
+    root = fake.message("C1", "a question", user="U1")
+    first = await within(client.chat_postMessage(channel="C1", thread_ts=root, text="one"))
+    await within(client.chat_postMessage(channel="C1", thread_ts=root, text="two"))
+    top = await within(client.chat_postMessage(channel="C1", text="top level"))
+
+    replies = await within(
+        client.conversations_replies(channel="C1", ts=root, oldest=first["ts"], limit=10)
+    )
+    history = await within(client.conversations_history(channel="C1", oldest=root))
+    inclusive = await within(
+        client.conversations_history(channel="C1", oldest=root, inclusive=True)
+    )
+
+    assert [m["text"] for m in replies["messages"]] == ["a question", "two"]
+    assert [m["text"] for m in history["messages"]] == ["top level"]
+    assert [m["text"] for m in inclusive["messages"]] == ["top level", "a question"]
+    assert history["messages"][0]["ts"] == top["ts"]
+    assert history["messages"][0]["bot_id"] == BOT_ID
+
+
+async def test_users_info_describes_a_person_as_slack_does(fake: FakeSlack, client: AsyncWebClient):
+    fake.person("U7", display_name="Ann", real_name="Ann Example", name="ann.example")
+    ann = (await within(client.users_info(user="U7")))["user"]
+    unnamed = (await within(client.users_info(user="U8")))["user"]
+    assert (ann["name"], ann["real_name"]) == ("ann.example", "Ann Example")
+    assert (ann["profile"]["display_name"], ann["profile"]["real_name"]) == ("Ann", "Ann Example")
+    assert unnamed["profile"]["display_name"] == "", "never set: Slack shows the real name"
+    assert unnamed["real_name"] == unnamed["profile"]["real_name"] != ""
+
+
+async def test_a_payload_is_delivered_as_given(fake: FakeSlack, make_bolt: MakeBolt):
+    app, handler = make_bolt()
+    shortcuts: list[dict[str, Any]] = []
+
+    @app.shortcut("sample-shortcut")
+    async def on_shortcut(ack: Any, shortcut: dict[str, Any]) -> None:
+        shortcuts.append(shortcut)
+        await ack()
+
+    await connect(fake, handler)
+    sample = {
+        "type": "shortcut",
+        "token": "verification_token",
+        "action_ts": "111.111",
+        "team": {"id": TEAM, "domain": "test"},
+        "user": {"id": "U7", "username": "ann", "team_id": TEAM},
+        "callback_id": "sample-shortcut",
+        "trigger_id": "111.111.xxxxxx",
+    }
+    envelope_id = fake.deliver("interactive", sample)
+    await fake.wait_until(lambda: envelope_id in fake.acked)
+    assert shortcuts == [sample]
