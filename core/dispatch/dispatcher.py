@@ -65,9 +65,10 @@ class AccessRules:
         allowed = self.platforms.get(message.platform, Allowed())
         if not _person_allowed(allowed, message):
             roles = f" (or one of your roles to {key}.allowed_roles)" if allowed.roles else ""
+            who = f", {message.author_name}" if message.author_name else ""
             return (
-                "Sorry, you are not allowed to use this bot. Ask its operator to add your user "
-                f"id {message.author_id} to {key}.allowed_users{roles}."
+                f"Sorry{who}, you are not allowed to use this bot. Ask its operator to add your "
+                f"user id {message.author_id} to {key}.allowed_users{roles}."
             )
         if allowed.spaces and message.space and message.space not in allowed.spaces:
             return (

@@ -32,6 +32,7 @@ from tests.fakes.discord import USER_ID as DISCORD_USER_ID
 from tests.fakes.discord import Call as DiscordCall
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.discord import Sent as DiscordSent
+from tests.fakes.discord import user_object
 from tests.fakes.ollama import ToolCall
 from tests.fakes.slack import APP_TOKEN as SLACK_APP_TOKEN
 from tests.fakes.slack import BOT_TOKEN as SLACK_BOT_TOKEN
@@ -76,6 +77,10 @@ class Platform(Protocol):
     bot: Bot
 
     def place(self, chat: int) -> str: ...
+    def name_of(self, user: int) -> str:
+        """The name the platform shows people for `user` (never the id alone)."""
+        ...
+
     def say(self, chat: int, text: str, *, user: int | None = None) -> str:
         """A person writes in `chat`; returns the platform's id of the message."""
         ...
@@ -242,8 +247,12 @@ class TelegramPlatform(OnAFake):
     def place(self, chat: int) -> str:
         return f"telegram:{chat}"
 
+    def name_of(self, user: int) -> str:
+        return f"Person {user}"  # the first name the fake gives a presser, and messages here
+
     def say(self, chat: int, text: str, *, user: int | None = None) -> str:
-        update = self.fake.user_message(chat, text, user_id=user or chat)
+        person = user or chat
+        update = self.fake.user_message(chat, text, user_id=person, first_name=self.name_of(person))
         return str(update["message"]["message_id"])
 
     def say_again(self, chat: int, message_id: str) -> None:
@@ -345,6 +354,9 @@ class SlackPlatform(OnAFake):
     def place(self, chat: int) -> str:
         return f"slack:{SLACK_TEAM}:D{chat}:top"
 
+    def name_of(self, user: int) -> str:
+        return f"Person {user}"  # each person's display name (`slack_platform`)
+
     def say(self, chat: int, text: str, *, user: int | None = None) -> str:
         return self.fake.dm(f"D{chat}", text, user=f"U{user or chat}")
 
@@ -424,6 +436,8 @@ async def slack_platform(
     async with contextlib.AsyncExitStack() as stack:
         if fake is None:
             fake = await stack.enter_async_context(FakeSlack())
+        for person in (ANN, BOB, MALLORY):
+            fake.person(f"U{person}", display_name=f"Person {person}", real_name="Someone Else")
         channel = SlackChannel(
             SlackSettings(api_url=fake.api_url, edit_interval=edit_interval, **settings),
             SlackTokens(bot=SLACK_BOT_TOKEN, app=SLACK_APP_TOKEN),
@@ -450,6 +464,9 @@ class DiscordPlatform(OnAFake):
 
     def place(self, chat: int) -> str:
         return f"discord:dm:{self.fake.open_dm(chat)}"
+
+    def name_of(self, user: int) -> str:
+        return str(user_object(user)["global_name"])
 
     def say(self, chat: int, text: str, *, user: int | None = None) -> str:
         assert user in (None, chat), "a Discord DM channel belongs to one person"

@@ -221,6 +221,7 @@ async def test_a_stranger_is_refused_without_a_model_call(platform: Platform) ->
 
     (refusal,) = platform.shown(MALLORY)
     assert "not allowed" in refusal and str(MALLORY) in refusal
+    assert refusal.startswith(f"Sorry, {platform.name_of(MALLORY)}, ")
     assert platform.bot.ollama.requests == []
 
 
@@ -269,13 +270,15 @@ async def test_agents_has_a_stop_button_per_running_agent_for_allowed_people_onl
     await platform.wait_until(lambda: platform.told_privately(ANN), "the refusal")
     (refusal,) = platform.told_privately(ANN)
     assert "not allowed" in refusal and str(MALLORY) in refusal
+    assert refusal.startswith(f"Sorry, {platform.name_of(MALLORY)}, "), "named, not by id alone"
     apples = platform.bot.subagents.find(place, "a1")
     assert apples is not None and apples.status == "running", "a stranger stops nothing"
 
     platform.press(ANN, stop_apples)
     await apples.finished.wait()
     await platform.wait_until(lambda: len(platform.told_privately(ANN)) == 2, "the answer")
-    assert platform.told_privately(ANN)[1] == "Stopped find-apples (a1); its report follows."
+    stopped = f"{platform.name_of(ANN)} stopped find-apples (a1); its report follows."
+    assert platform.told_privately(ANN)[1] == stopped
     assert apples.status == "stopped"
     pears = platform.bot.subagents.find(place, "a2")
     assert pears is not None and pears.status == "running", "its sibling runs on"
@@ -349,13 +352,15 @@ async def test_an_approval_is_asked_with_buttons_and_only_the_asker_decides_once
     assert platform.buttons(ANN) == [allow, "kaiwa:approve 1 here", "kaiwa:deny 1"]
     platform.press(ANN, allow, user=BOB)
     await platform.wait_until(lambda: platform.told_privately(ANN), "Bob's answer")
-    assert platform.told_privately(ANN)[0].startswith("Only the person who asked (")
+    only = f"Only the person who asked ({platform.name_of(ANN)}) or an approver can answer"
+    assert platform.told_privately(ANN)[0].startswith(only)
     assert (await platform.bot.store.approval(1)).status == "pending"  # type: ignore[union-attr]
 
     platform.press(ANN, allow)
     await platform.wait_until(lambda: "Done." in platform.shown(ANN), "the reply")
     question = platform.shown(ANN)[0]
-    assert question.startswith("echo(hello): ") and question.endswith(" allowed it once.")
+    assert question.startswith("echo(hello): ")
+    assert question.endswith(f": {platform.name_of(ANN)} allowed it once."), "named, not by id"
     assert platform.buttons(ANN) == []
     assert platform.told_privately(ANN)[1] == "You allowed it once: echo(hello)."
     platform.say(ANN, "/deny 1")
@@ -538,3 +543,5 @@ async def test_a_plan_asks_with_buttons_and_edits_one_progress_message(platform:
     done = "Plan #1: look around\n✓ 1. Look\nDone. Reviewer: Fine."
     await platform.wait_until(lambda: progress() == [done], "the plan done, in the same message")
     await platform.wait_until(lambda: "Looked.\n\nI looked." in platform.shown(ANN), "the reply")
+    (question,) = [text for text in platform.shown(ANN) if "approved it" in text]
+    assert question.endswith(f"{platform.name_of(ANN)} approved it."), "named, not by id"

@@ -348,7 +348,7 @@ async def test_agents_by_slash_command_shows_its_stop_buttons_to_the_asker_alone
         apples = discord.bot.subagents.find(place(thread), "a1")
         assert apples is not None
         await apples.finished.wait()
-    assert private(fake, thread)[1] == "Stopped find-apples (a1); its report follows."
+    assert private(fake, thread)[1] == "User30 stopped find-apples (a1); its report follows."
     assert apples.status == "stopped"
 
 

@@ -115,11 +115,12 @@ class Subagents(Part):
     def find(self, place: str, wanted: str) -> Run | None:
         return next((run for run in self._runs.get(place, []) if run.matches(wanted)), None)
 
-    def tell(self, run: Run, text: str) -> bool:
-        """A person's message for a running agent, read at its next step; False if it ended."""
+    def tell(self, run: Run, text: str, who: str) -> bool:
+        """A message from `who` (a person's name) for a running agent, read at its next step;
+        False if it ended."""
         if run.status != "running":
             return False
-        run.inbox.append(text)
+        run.inbox.append(f"[From {who}, watching] {text}")
         return True
 
     async def stop_runs(self, runs: Sequence[Run]) -> None:

@@ -30,11 +30,12 @@ class AgentsCommand:
     async def __call__(self, message: ChannelMessage, channel: Channel, command: Command) -> None:
         verb, _, rest = command.argument.partition(" ")
         buttons: list[Button] = []
+        who = message.author_name or message.author_id
         if verb == "stop":
-            answer = await self._stop(message.place, rest.strip())
+            answer = await self._stop(message.place, rest.strip(), who)
         elif verb == "tell":
             target, _, text = rest.strip().partition(" ")
-            answer = self._tell(message.place, target, text.strip())
+            answer = self._tell(message.place, target, text.strip(), who)
         elif verb:
             answer = await self._detail(message.place, command.argument.strip())
         else:
@@ -58,20 +59,20 @@ class AgentsCommand:
         buttons = [Button(f"Stop {row.name}", f"/agents stop {row.key}") for row in running]
         return "Sub-agents here:\n" + "\n".join(lines), buttons
 
-    async def _stop(self, place: str, target: str) -> str:
+    async def _stop(self, place: str, target: str, who: str) -> str:
         if not target:
             return "Which one? /agents stop NAME, with a name or id from /agents (/stop stops all)."
         run = self._subagents.find(place, target)
         if run is None or run.status != "running":
             return f"No running sub-agent {target} here; /agents lists them."
         await self._subagents.stop_runs([run])
-        return f"Stopped {run.name} ({run.key}); its report follows."
+        return f"{who} stopped {run.name} ({run.key}); its report follows."
 
-    def _tell(self, place: str, target: str, text: str) -> str:
+    def _tell(self, place: str, target: str, text: str, who: str) -> str:
         if not (target and text):
             return "Which one, and what? /agents tell NAME MESSAGE, with a name or id from /agents."
         run = self._subagents.find(place, target)
-        if run is None or not self._subagents.tell(run, text):
+        if run is None or not self._subagents.tell(run, text, who):
             return f"No running sub-agent {target} here; /agents lists them."
         return f"{run.name} ({run.key}) reads it at its next step."
 

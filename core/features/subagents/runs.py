@@ -96,6 +96,7 @@ class Run:
     usage: UsageTotals = field(default_factory=UsageTotals)
     last_tool: str | None = None
     inbox: list[str] = field(default_factory=list)
+    """What people told it with `/agents tell`, each naming who, not read yet."""
     claimed: bool = False
     delivery: str = "pending"
     worker: "asyncio.Task[None] | None" = None

@@ -193,7 +193,7 @@ def _report_tool() -> Tool:
 
 def _read(run: Run) -> list[str]:
     notes, run.inbox = run.inbox, []
-    return [f"[From the person watching] {note}" for note in notes]
+    return notes
 
 
 def _no_record(compaction: Compaction) -> None:

@@ -140,10 +140,10 @@ async def test_agents_lists_stops_one_and_tells_another(make_bot: BotFactory) ->
     assert "find-apples (a1) · researcher · " in listing and "0/30 model calls" in listing
     assert "find-pears (a2) · researcher · " in listing
     assert told == "find-pears (a2) reads it at its next step."
-    assert stopped == "Stopped find-apples (a1); its report follows."
+    assert stopped == "ann stopped find-apples (a1); its report follows."
     apples = bot.subagents.find(PLACE, "a1")
     assert apples is None or apples.status == "stopped"
-    told_request = requests_with(bot, "[From the person watching] only count green ones")
+    told_request = requests_with(bot, "[From ann, watching] only count green ones")
     assert told_request, "the message reached the agent at its next step"
     carried = [r["messages"][-1]["content"] for r in requests_with(bot, "[Sub-agent report]")]
     assert any(
