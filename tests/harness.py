@@ -32,6 +32,7 @@ from core.turns.runner import TurnRunner
 from core.turns.turn import TurnSettings
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import FakeOllama
+from tests.fakes.patience import deadline
 from workflows.plan.settings import PlanSettings
 
 SYSTEM_PROMPT = "You are a test assistant."
@@ -127,7 +128,7 @@ async def make_bot(
         approvals: ApprovalSettings | None = None,
         mcp: tuple[str, ...] = (),
         servers: McpServers | None = None,
-        tool_timeout: float = 5.0,
+        tool_timeout: float = deadline(),
         plan: PlanSettings | None = None,
         cluster: Coordinator | None = None,
     ) -> Bot:

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-WAIT_SECONDS = 20.0
+from tests.fakes.patience import deadline
+
+WAIT_SECONDS = deadline()
 STARTED: list[asyncio.subprocess.Process] = []
 
 

@@ -10,6 +10,7 @@ from core.channel import ChannelMessage, Deliver
 from core.errors import ChannelError
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import Text
+from tests.fakes.patience import deadline
 from tests.harness import BotFactory
 
 PAUSE = 0.01
@@ -84,7 +85,7 @@ async def test_stopping_during_the_pause_before_a_restart_is_prompt() -> None:
     running = asyncio.create_task(supervised.run())
     await flaky.tried.wait()  # it failed at once, and now waits out its pause
     await supervised.stop()
-    ended = await asyncio.wait_for(running, 5)
+    ended = await asyncio.wait_for(running, deadline())
     assert ended.error is None and flaky.runs == 1
 
 

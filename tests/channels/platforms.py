@@ -30,10 +30,10 @@ from core.store import Store
 from tests.fakes.discord import BOT_TOKEN as DISCORD_BOT_TOKEN
 from tests.fakes.discord import USER_ID as DISCORD_USER_ID
 from tests.fakes.discord import Call as DiscordCall
-from tests.fakes.discord import FakeDiscord
+from tests.fakes.discord import FakeDiscord, user_object
 from tests.fakes.discord import Sent as DiscordSent
-from tests.fakes.discord import user_object
 from tests.fakes.ollama import ToolCall
+from tests.fakes.patience import deadline
 from tests.fakes.slack import APP_TOKEN as SLACK_APP_TOKEN
 from tests.fakes.slack import BOT_TOKEN as SLACK_BOT_TOKEN
 from tests.fakes.slack import TEAM as SLACK_TEAM
@@ -171,7 +171,7 @@ async def running(channel: Channel, bot: Bot) -> AsyncIterator[None]:
         yield
     finally:
         await channel.stop_receiving()
-        await asyncio.wait_for(reading, 10)
+        await asyncio.wait_for(reading, deadline())
         await bot.runner.shutdown()
         await channel.close()
 
@@ -561,7 +561,7 @@ async def discord_platform(
         people = Allowed(users=ALLOWED | {str(DISCORD_USER_ID)})
         bot = make_bot(channel=channel, access=access or people, images=vision)
         async with running(channel, bot):
-            await asyncio.wait_for(channel.connected.wait(), 5)
+            await asyncio.wait_for(channel.connected.wait(), deadline())
             yield DiscordPlatform(fake, bot)
 
 

@@ -20,9 +20,10 @@ import pyte
 import pytest
 
 from tests.fakes.ollama import FakeOllama, Pause, Text, ToolCall
+from tests.fakes.patience import deadline
 from tests.processes import write_config
 
-WAIT = 10.0
+WAIT = deadline()
 ROWS, COLUMNS = 30, 100
 ENTER, CTRL_D, UP = "\r", "\x04", "\x1b[A"
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"

@@ -31,6 +31,7 @@ from tests.channels.platforms import (
 )
 from tests.fakes.discord import BOT_TOKEN, CHANNEL_ID, GUILD_ID, USER_ID, FakeDiscord
 from tests.fakes.ollama import Pause, Text
+from tests.fakes.patience import deadline
 from tests.harness import BotFactory
 
 STRANGER = 6666
@@ -197,7 +198,7 @@ async def test_a_rate_limit_too_long_to_wait_in_line_skips_frames_instead(
         fake = discord.fake
         fake.fail_next("POST", f"/channels/{CHANNEL_ID}/messages", status=429, retry_after=60)
         reply = discord.bot.channel.open_reply(f"discord:{GUILD_ID}:{CHANNEL_ID}", None)
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(deadline()):
             await reply.update(Frame("first words"))
             await reply.update(Frame("first words and more"))
     (refused,) = fake.calls_to("POST", f"/channels/{CHANNEL_ID}/messages")
@@ -657,7 +658,7 @@ async def test_run_starts_again_after_it_failed(make_bot: BotFactory) -> None:
 
         bot.ollama.script(Text("Back again."))
         async with running(channel, bot):
-            await asyncio.wait_for(channel.connected.wait(), 5)
+            await asyncio.wait_for(channel.connected.wait(), deadline())
             fake.dm(USER_ID, "hello")
             dm = fake.open_dm(USER_ID)
             await fake.wait_until(lambda: said(fake, dm) == ["Back again."], what="the reply")
@@ -671,13 +672,13 @@ async def test_closing_while_the_gateway_cannot_reconnect_is_prompt(
         channel = DiscordChannel(settings(fake), BOT_TOKEN, guild_ready_timeout=0.01)
         bot = make_bot(channel=channel)
         reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
-        await asyncio.wait_for(channel.connected.wait(), 5)
+        await asyncio.wait_for(channel.connected.wait(), deadline())
         fake.gateway_refused = True
         await fake.drop_gateway()
         await fake.wait_until(lambda: fake.refused_connections >= 1, what="a refused reconnect")
         assert not channel.connected.is_set()
         await channel.stop_receiving()
-        await asyncio.wait_for(reading, 5)
+        await asyncio.wait_for(reading, deadline())
         await bot.runner.shutdown()
-        await asyncio.wait_for(channel.close(), 5)  # discord.py alone would sleep out a backoff
+        await asyncio.wait_for(channel.close(), deadline())  # not after discord.py's backoff
     gc.collect()  # a session left open warns here, and warnings fail the test

@@ -18,10 +18,11 @@ from channels.rendering import (
     send_notice,
 )
 from core.channel import Button, Delivery, Frame, Outcome
+from tests.fakes.patience import deadline
 
 PLACE = "test:board"
 DELETED = "<deleted>"
-GUARD_SECONDS = 5  # no test here waits this long unless something is wrong
+GUARD_SECONDS = deadline()  # no test here waits this long unless something is wrong
 
 
 class Board:

@@ -31,6 +31,7 @@ from tests.channels.platforms import (
 )
 from tests.databases import IMPATIENT, Outage, open_store
 from tests.fakes.ollama import Pause, Text
+from tests.fakes.patience import deadline
 from tests.fakes.slack import APP_TOKEN, BOT_TOKEN, SIGNING_SECRET, TEAM, Ephemeral, FakeSlack
 from tests.harness import Bot, BotFactory
 
@@ -179,7 +180,7 @@ async def test_a_reply_of_escaped_characters_fits_its_section_block(make_bot: Bo
         fake = slack.fake
         slack.bot.ollama.script(Text(f"```\n{html}```", chunks=20), Pause("end"), Text("\n"))
         slack.say(ANN, "some html please")
-        await asyncio.wait_for(slack.bot.ollama.reached("end"), 5)
+        await asyncio.wait_for(slack.bot.ollama.reached("end"), deadline())
         await slack.wait_until(
             lambda: "".join(slack.shown(ANN)).count(ESCAPED) == 500, "all of it, still live"
         )
@@ -357,7 +358,7 @@ async def over_http(make_bot: BotFactory, fake: FakeSlack) -> AsyncIterator[tupl
     channel = SlackChannel(settings, SlackTokens(bot=BOT_TOKEN, signing_secret=SIGNING_SECRET))
     bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
     async with running(channel, bot):
-        await asyncio.wait_for(channel.connected.wait(), 5)
+        await asyncio.wait_for(channel.connected.wait(), deadline())
         yield bot, f"http://127.0.0.1:{port}/slack/events"
 
 
@@ -484,7 +485,7 @@ async def test_a_start_asks_slack_for_a_socket_mode_url_once(make_bot: BotFactor
         bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
         async with running(channel, bot):
             await fake.wait_connected(1)
-            await asyncio.wait_for(channel.connected.wait(), 5)
+            await asyncio.wait_for(channel.connected.wait(), deadline())
     assert fake.connections_opened == 1
 
 
@@ -499,7 +500,7 @@ async def test_a_refused_socket_mode_url_is_a_problem_and_no_connection(
         (problem,) = await channel.problems()
         bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
         with pytest.raises(ChannelError) as raised:
-            await asyncio.wait_for(channel.run(bot.dispatcher.handle), 5)
+            await asyncio.wait_for(channel.run(bot.dispatcher.handle), deadline())
         await channel.close()
     assert str(raised.value) == problem == channel.problem
     assert problem.startswith("Slack rejected the app-level token in $KAIWA_SLACK_APP_TOKEN")
@@ -512,13 +513,15 @@ async def test_stopping_while_the_socket_cannot_connect_is_prompt(
 ) -> None:
     async with FakeSlack() as fake:
         fake.sockets_refused = True
-        channel = socket_mode_channel(fake)
+        settings = SlackSettings(api_url=fake.api_url, edit_interval=0.05)
+        pause = 4 * deadline()  # the library's pause between tries, which a stop cuts short
+        channel = SlackChannel(settings, SlackTokens(BOT_TOKEN, APP_TOKEN), socket_ping=pause)
         bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
         reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
         await fake.wait_until(lambda: fake.refused_sockets >= 1, what="a refused socket")
         assert not channel.connected.is_set()
         await channel.stop_receiving()
-        await asyncio.wait_for(reading, 5)  # the library would first sleep out its 10 s pause
+        await asyncio.wait_for(reading, deadline())
         await channel.close()
     gc.collect()  # a session left open warns here, and warnings fail the test
 
@@ -555,7 +558,7 @@ async def test_a_slack_server_error_at_start_is_not_called_a_token_problem(
         assert await channel.problems() == []
         bot = make_bot(channel=channel, allowed=SLACK_ALLOWED)
         with pytest.raises(PlatformError) as raised:
-            await asyncio.wait_for(channel.run(bot.dispatcher.handle), 5)
+            await asyncio.wait_for(channel.run(bot.dispatcher.handle), deadline())
         async with running(channel, bot):
             await fake.wait_connected(1)
     said = f"Slack had a server error answering auth.test (HTTP 500{', ' + error if error else ''})"
@@ -579,7 +582,7 @@ async def test_a_socket_that_keeps_failing_is_one_line_per_cause_without_traceba
         await fake.wait_until(lambda: fake.refused_sockets >= 4, what="four refused sockets")
         problem = channel.problem
         await channel.stop_receiving()
-        await asyncio.wait_for(reading, 5)
+        await asyncio.wait_for(reading, deadline())
         await channel.close()
     said = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert [r.getMessage() for r in said] == [f"Slack: {problem}"], "one line for one cause"

@@ -19,6 +19,7 @@ from core.store import Store
 from tests.channels.platforms import ALLOWED, ANN, BOB, MALLORY, running, telegram_platform
 from tests.databases import IMPATIENT, Outage, open_store
 from tests.fakes.ollama import Pause, Text
+from tests.fakes.patience import deadline
 from tests.fakes.telegram import BOT_TOKEN, QUERY_GONE, FakeTelegram
 from tests.harness import BotFactory
 
@@ -256,7 +257,7 @@ async def test_an_answer_too_long_for_a_press_goes_to_the_chat() -> None:
         await fake.wait_until(lambda: fake.callback_answers, what="the press answered")
         await reply.finish("Working", Outcome.STOPPED, None)
         await channel.stop_receiving()
-        await asyncio.wait_for(reading, 5)
+        await asyncio.wait_for(reading, deadline())
         await channel.close()
     assert fake.sent(ANN)[1].visible == notice
     assert [answer.text for answer in fake.callback_answers.values()] == [None]
@@ -370,11 +371,11 @@ async def test_stopping_returns_at_once_and_leaves_the_long_poll_in_flight(
         reading = asyncio.create_task(channel.run(bot.dispatcher.handle))
         await fake.wait_until(lambda: fake.holds.in_flight("getupdates") == 1, what="a poll")
         await channel.stop_receiving()
-        await asyncio.wait_for(reading, 5)
+        await asyncio.wait_for(reading, deadline())
         assert fake.holds.in_flight("getupdates") == 1 and fake.holds.abandoned == []
         assert not channel.connected.is_set()
         await bot.runner.shutdown()
-        await asyncio.wait_for(channel.close(), 5)
+        await asyncio.wait_for(channel.close(), deadline())
 
 
 async def test_run_starts_again_after_it_failed(make_bot: BotFactory) -> None:
@@ -416,7 +417,7 @@ async def test_webhook_mode_answers_posted_updates_and_refuses_a_wrong_secret(
         bot.ollama.script(Text("Over the webhook."))
         url = f"http://127.0.0.1:{port}/telegram"
         async with running(channel, bot):
-            await asyncio.wait_for(channel.connected.wait(), 5)
+            await asyncio.wait_for(channel.connected.wait(), deadline())
             update = {"update_id": 900_001, **fake.text_update(ANN, "hello", user_id=ANN)}
             forged = await fake.post_update(url, update, "wrong")
             accepted = await fake.post_update(url, update, "s3cret")

@@ -9,9 +9,10 @@ from channels.terminal import TerminalChannel, TerminalSettings, stdin_lines
 from core.agent.profile import AgentProfile
 from core.agent.tools import tool
 from tests.fakes.ollama import FakeOllama, Pause, Text, Thinking, ToolCall
+from tests.fakes.patience import deadline
 from tests.harness import BotFactory
 
-WAIT_SECONDS = 5.0
+WAIT_SECONDS = deadline()
 
 
 class Screen(io.StringIO):

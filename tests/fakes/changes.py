@@ -10,6 +10,8 @@ import contextlib
 import inspect
 from collections.abc import Callable
 
+from tests.fakes.patience import deadline
+
 
 class Changes:
     def __init__(self) -> None:
@@ -27,12 +29,14 @@ class Changes:
     async def until(
         self,
         condition: Callable[[], object],
-        timeout: float,  # noqa: ASYNC109  (the waiting is the point; a deadline is a value)
+        timeout: float | None,  # noqa: ASYNC109  (the waiting is the point; a deadline is a value)
         what: str | None,
         context: Callable[[], str],
     ) -> None:
-        """Return once `condition()` holds; on timeout raise AssertionError naming `what` (else
-        the condition's source) and the fake's `context()`."""
+        """Return once `condition()` holds; after `timeout` seconds (None: `patience.deadline`)
+        raise AssertionError naming `what` (else the condition's source) and the fake's
+        `context()`."""
+        timeout = deadline() if timeout is None else timeout
         try:
             async with asyncio.timeout(timeout):
                 while not condition():

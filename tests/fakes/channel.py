@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from core.channel import Button, ChannelTraits, Deliver, Delivery, Frame, OnPost, Outcome
 from tests.fakes.changes import Changes
+from tests.fakes.patience import deadline
 
-WAIT_SECONDS = 5.0
+WAIT_SECONDS = deadline()
 
 
 @dataclass

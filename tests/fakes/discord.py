@@ -557,7 +557,7 @@ class FakeDiscord:
 
     # --- what the gateway does ---
 
-    async def wait_ready(self, n: int = 1, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+    async def wait_ready(self, n: int = 1, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Wait until READY was sent ``n`` times in all."""
         await self.wait_until(lambda: self.identifies >= n, timeout, f"READY #{n}")
         await self._wait_drained()
@@ -634,7 +634,7 @@ class FakeDiscord:
     async def wait_until(
         self,
         condition: Callable[[], object],
-        timeout: float = 5.0,  # noqa: ASYNC109  (the waiting is the point; a deadline is a value)
+        timeout: float | None = None,  # noqa: ASYNC109  (None: `patience.deadline`)
         what: str | None = None,
     ) -> None:
         """Return once ``condition()`` is true, re-checking on every call, frame, dispatch and

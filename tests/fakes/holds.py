@@ -20,8 +20,9 @@ from typing import Any
 from aiohttp import web
 
 from tests.fakes.changes import Changes
+from tests.fakes.patience import deadline
 
-HOLD_SECONDS = 10.0  # past this a held answer goes out anyway, so a failing test ends
+HOLD_SECONDS = deadline()  # past this a held answer goes out anyway, so a failing test ends
 
 Until = Callable[[Mapping[str, Any]], Callable[[], object]]
 """Called with a request's parameters as it arrives; returns the condition its answer awaits."""

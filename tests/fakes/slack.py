@@ -623,7 +623,7 @@ class FakeSlack:
         self._send(again)
         return again
 
-    async def wait_connected(self, n: int = 1, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+    async def wait_connected(self, n: int = 1, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Wait until the ``n``-th websocket has been sent ``hello``."""
         await self.wait_until(lambda: self._hellos >= n, timeout, f"websocket #{n} to get hello")
 
@@ -722,7 +722,7 @@ class FakeSlack:
     async def wait_until(
         self,
         condition: Callable[[], object],
-        timeout: float = 5.0,  # noqa: ASYNC109  (the waiting is the point; a deadline is a value)
+        timeout: float | None = None,  # noqa: ASYNC109  (None: `patience.deadline`)
         what: str | None = None,
     ) -> None:
         """Return once ``condition()`` is true, re-checking on every call, envelope, ack and

@@ -693,7 +693,7 @@ class FakeTelegram:
     async def wait_until(
         self,
         condition: Callable[[], object],
-        timeout: float = 5.0,  # noqa: ASYNC109  (the waiting is the point; a deadline is a value)
+        timeout: float | None = None,  # noqa: ASYNC109  (None: `patience.deadline`)
         what: str | None = None,
     ) -> None:
         """Return once ``condition()`` is true, re-checking on every call and update received.

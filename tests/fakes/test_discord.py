@@ -65,13 +65,14 @@ from .discord import (
     USER_ID,
     FakeDiscord,
 )
+from .patience import deadline
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # discord.py imports audioop
     import discord
     from discord import app_commands
 
-LIBRARY_SECONDS = 10
+LIBRARY_SECONDS = deadline()
 FAST = {"guild_ready_timeout": 0.01}  # on_ready 10 ms after the last GUILD_CREATE, not 2 s
 T = TypeVar("T")
 

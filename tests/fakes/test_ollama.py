@@ -48,6 +48,7 @@ from .ollama import (
     prompt_tokens,
     read_tools,
 )
+from .patience import deadline
 
 MODEL = "test-model"
 HELLO = [{"role": "user", "content": "hello"}]
@@ -73,14 +74,14 @@ async def client(fake: FakeOllama) -> AsyncIterator[AsyncClient]:
 
 async def stream_chat(client: AsyncClient, **kwargs: Any) -> list[ChatResponse]:
     kwargs.setdefault("model", MODEL)
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(deadline()):
         stream = await client.chat(messages=HELLO, stream=True, **kwargs)
         return [chunk async for chunk in stream]
 
 
 async def chat_whole(client: AsyncClient, **kwargs: Any) -> ChatResponse:
     kwargs.setdefault("model", MODEL)
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(deadline()):
         return await client.chat(messages=HELLO, stream=False, **kwargs)
 
 
@@ -229,7 +230,7 @@ async def test_requests_are_recorded_in_order(fake: FakeOllama, client: AsyncCli
 async def test_tags_lists_the_served_models(fake: FakeOllama, client: AsyncClient) -> None:
     fake.models.append("qwen3:4b")
 
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(deadline()):
         listed = await client.list()
 
     assert [model.model for model in listed.models] == [MODEL, "qwen3:4b"]
@@ -262,7 +263,7 @@ async def test_show_reports_each_models_context_length() -> None:
     async with (
         FakeOllama(models=[MODEL, "qwen3:4b"], context_lengths={"qwen3:4b": 8192}) as fake,
         AsyncClient(host=fake.url, timeout=5) as client,
-        asyncio.timeout(5),
+        asyncio.timeout(deadline()),
     ):
         default = await client.show(MODEL)
         named = await client.show("qwen3:4b")
@@ -280,7 +281,7 @@ async def test_show_reports_each_models_context_length() -> None:
 
 async def test_show_unknown_model_is_404(fake: FakeOllama, client: AsyncClient) -> None:
     with pytest.raises(ResponseError) as raised:
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(deadline()):
             await client.show("nope")
 
     assert (raised.value.status_code, raised.value.error) == (404, "model 'nope' not found")
@@ -292,7 +293,7 @@ async def test_show_error_answers_every_show_until_cleared(
 ) -> None:
     fake.show_error = HttpError(500, "show broke")
 
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(deadline()):
         for _ in range(2):
             with pytest.raises(ResponseError) as raised:
                 await client.show(MODEL)
@@ -350,7 +351,7 @@ async def test_counted_prompts_include_tool_calls_and_tools() -> None:
     async with (
         FakeOllama(count_prompts=True) as fake,
         AsyncClient(host=fake.url, timeout=5) as client,
-        asyncio.timeout(5),
+        asyncio.timeout(deadline()),
     ):
         reply = await client.chat(model=MODEL, messages=history, tools=[LOOKUP_TOOL])
 
@@ -407,7 +408,7 @@ async def test_error_line_mid_stream(fake: FakeOllama, client: AsyncClient) -> N
     received: list[str | None] = []
 
     with pytest.raises(ResponseError) as raised:
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(deadline()):
             async for chunk in await client.chat(model=MODEL, messages=HELLO, stream=True):
                 received.append(chunk.message.content)
 
@@ -433,7 +434,7 @@ async def test_cut_breaks_the_stream_after_what_was_sent(
     received: list[str | None] = []
 
     with pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read"):
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(deadline()):
             async for chunk in await client.chat(model=MODEL, messages=HELLO, stream=True):
                 received.append(chunk.message.content)
 
@@ -454,7 +455,7 @@ async def test_stall_before_headers_times_out_the_read(fake: FakeOllama) -> None
     async with AsyncClient(host=fake.url, timeout=0.5) as impatient:
         with pytest.raises(httpx.ReadTimeout):
             await stream_chat(impatient)
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(deadline()):
             await fake.stalled()
 
 
@@ -464,7 +465,7 @@ async def test_stall_after_a_chunk_times_out_the_next_read(fake: FakeOllama) -> 
 
     async with AsyncClient(host=fake.url, timeout=0.5) as impatient:
         with pytest.raises(httpx.ReadTimeout):
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(deadline()):
                 async for chunk in await impatient.chat(model=MODEL, messages=HELLO, stream=True):
                     received.append(chunk.message.content)
 
@@ -483,7 +484,7 @@ async def test_pause_holds_the_stream_until_released(fake: FakeOllama, client: A
     fake.script(Text("before"), Pause("gate"), Text("after"))
     reached = asyncio.create_task(fake.reached("gate"))  # awaited before the request exists
 
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(deadline()):
         stream = await client.chat(model=MODEL, messages=HELLO, stream=True)
         first = await anext(stream)
         await reached
@@ -502,7 +503,7 @@ async def test_close_cuts_held_requests(fake: FakeOllama, client: AsyncClient) -
     fake.script(Text("before"), Pause("never released"))
     fake.script(Stall())
 
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(deadline()):
         stream = await client.chat(model=MODEL, messages=HELLO, stream=True)
         paused = asyncio.create_task(anext(stream))
         stalled = asyncio.create_task(stream_chat(client))
@@ -574,14 +575,14 @@ async def test_command_line_server_for_benchmarks() -> None:
     )
     try:
         assert process.stdout is not None
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(deadline()):
             ready = (await process.stdout.readline()).decode().split()
         assert ready[0] == "READY"
         async with AsyncClient(host=ready[1], timeout=5) as benchmark_client:
             chunks = await stream_chat(benchmark_client)
     finally:
         process.terminate()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(deadline()):
             await process.communicate()
 
     assert len(contents(chunks)) == 5

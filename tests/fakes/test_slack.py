@@ -47,6 +47,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
+from .patience import deadline
 from .slack import (
     APP_TOKEN,
     BOT_ID,
@@ -59,7 +60,7 @@ from .slack import (
     FakeSlack,
 )
 
-LIBRARY_SECONDS = 10
+LIBRARY_SECONDS = deadline()
 T = TypeVar("T")
 MakeBolt = Callable[..., tuple[AsyncApp, AsyncSocketModeHandler]]
 

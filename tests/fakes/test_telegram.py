@@ -43,6 +43,7 @@ from telegram.error import BadRequest, EndPointNotFound, InvalidToken, RetryAfte
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 from telegram.warnings import PTBDeprecationWarning
 
+from .patience import deadline
 from .telegram import (
     BOT_TOKEN,
     FIRST_UPDATE_ID,
@@ -55,7 +56,7 @@ from .telegram import (
 )
 
 CHAT = 777
-LIBRARY_SECONDS = 10
+LIBRARY_SECONDS = deadline()
 T = TypeVar("T")
 
 

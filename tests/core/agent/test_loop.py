@@ -15,6 +15,7 @@ from core.agent.tools import Tool, abandoned_tools, builtin_tools, tool
 from core.errors import DegenerateTurn
 from tests.fakes.ollama import Done, FakeOllama, Pause, Text, Thinking
 from tests.fakes.ollama import ToolCall as CallStep
+from tests.fakes.patience import deadline
 
 MODEL = "test-model"
 
@@ -143,7 +144,7 @@ async def test_read_only_tools_overlap_and_results_keep_order(
         running.append(name)
         if len(running) == 2:
             both_running.set()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(deadline()):
             await both_running.wait()
         return name
 
@@ -430,7 +431,7 @@ async def test_a_synchronous_tool_runs_off_the_loop_and_under_its_timeout(
     @tool(timeout=0.1)
     def blocking() -> str:
         """Block until released."""
-        release.wait(10)
+        release.wait(deadline())
         return "too late"
 
     ollama.script(CallStep("blocking", {}))

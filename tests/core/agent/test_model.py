@@ -18,6 +18,7 @@ from core.errors import (
     ModelUnreachable,
 )
 from tests.fakes.ollama import Cut, ErrorLine, FakeOllama, HttpError, Pause, Stall, Text
+from tests.fakes.patience import deadline
 
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -27,7 +28,7 @@ def ignore(text: str, thinking: str) -> None:
 
 
 async def chat(client: ModelClient, model: str = "test-model") -> str:
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(deadline()):
         reply = await client.chat(model, HELLO, ModelReply(), ignore)
     return reply.text
 

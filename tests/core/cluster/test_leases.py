@@ -16,6 +16,7 @@ import pytest
 from core.cluster.leases import ClusterSettings, Coordinator, conninfo
 from core.errors import ConfigError
 from tests.databases import postgres_url
+from tests.fakes.patience import deadline
 
 pytestmark = pytest.mark.postgres
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.postgres
 async def eventually(condition: Callable[[], Awaitable[bool]]) -> None:
     """PostgreSQL ends a closed or terminated connection's backend (and frees its locks) a
     moment after the client lets go: the next tries see it, as other workers' tries do."""
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(deadline()):
         while not await condition():  # noqa: ASYNC110  (the server's state: no event to wait on)
             await asyncio.sleep(0.01)
 
@@ -115,7 +116,7 @@ async def test_a_notification_reaches_every_worker_by_its_kind(
         await worker.start()
 
     await one.notify("work", place="test:1")
-    await asyncio.wait_for(both.wait(), 5)
+    await asyncio.wait_for(both.wait(), deadline())
 
     assert sorted(who for who, _ in heard) == ["one", "two"]
     assert all(m == {"kind": "work", "from": "one", "place": "test:1"} for _, m in heard)

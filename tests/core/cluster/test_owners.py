@@ -26,6 +26,7 @@ from core.turns.turn import CUT_FIRING
 from tests.databases import QUICK, postgres_schema, postgres_url
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import Pause, Text
+from tests.fakes.patience import deadline
 from tests.harness import Bot, BotFactory
 
 pytestmark = pytest.mark.postgres
@@ -209,7 +210,7 @@ async def test_a_quiet_conversation_is_let_go_and_claimed_again_on_its_next_mess
     quick = replace(pair.coordinators["b"].settings, idle_seconds=0)
     monkeypatch.setattr(pair.coordinators["b"], "settings", quick)
     await pair.b.runner.wait_idle(place)
-    async with asyncio.timeout(5):  # until what the reply shows is stored: then it is quiet
+    async with asyncio.timeout(deadline()):  # until what the reply shows is stored, then quiet
         while place in await pair.b.store.places_waiting():  # noqa: ASYNC110  (the store's state)
             await asyncio.sleep(0.01)
 
@@ -238,7 +239,7 @@ async def test_a_task_made_on_one_worker_fires_once_on_its_owner_after_its_maker
         await asyncio.gather(*pair.a.scheduler.fire_due(), *pair.b.scheduler.fire_due())
         return bool(await pair.b.store.task_runs(task.id or 0, 5))
 
-    async with asyncio.timeout(5):  # b hears of the task by notification
+    async with asyncio.timeout(deadline()):  # b hears of the task by notification
         while not await fired_by_both():  # noqa: ASYNC110  (another worker's notice)
             await asyncio.sleep(0.01)
     await pair.a.runner.wait_idle(place)
@@ -250,7 +251,7 @@ async def test_a_task_made_on_one_worker_fires_once_on_its_owner_after_its_maker
     await pair.coordinators["a"].close()  # a dies; b alone fires the next slot
     pair.a.scheduler.stop()
     CLOCK.now = datetime(2026, 12, 1, 11, 0, tzinfo=UTC)
-    async with asyncio.timeout(5):  # a's lease ends a moment after its connection
+    async with asyncio.timeout(deadline()):  # a's lease ends a moment after its connection
         while not await pair.b.owners.runs_here(place):  # type: ignore[union-attr]  # noqa: ASYNC110
             await asyncio.sleep(0.01)
     await asyncio.gather(*pair.b.scheduler.fire_due())

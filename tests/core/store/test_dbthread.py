@@ -14,8 +14,9 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 
 from core.errors import StoreError, StoreUnavailable
 from core.store.dbthread import DatabaseThread
+from tests.fakes.patience import deadline
 
-WAIT = 5.0
+WAIT = deadline()
 
 
 @pytest.fixture

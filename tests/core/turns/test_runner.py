@@ -18,6 +18,7 @@ from core.store.history import CUT_OFF
 from core.turns.turn import Provenance, TurnRequest
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import Done, ErrorLine, HttpError, Pause, Text, ToolCall
+from tests.fakes.patience import deadline
 from tests.harness import PLACE, SYSTEM_PROMPT, Bot, BotFactory, echo
 
 OTHER = "test:two"
@@ -581,7 +582,7 @@ async def test_shutdown_does_not_wait_for_a_tool_that_ignores_cancellation(
     await started.wait()
 
     try:
-        async with asyncio.timeout(5):  # a guard: the grace is 0.05 s
+        async with asyncio.timeout(deadline()):  # a guard: the grace is 0.05 s
             report = await bot.runner.shutdown()
     finally:
         release.set()
