@@ -63,6 +63,7 @@ CONFIG_ENV = "KAIWA_CONFIG"
 FRONT_MATTER = "---"
 PROFILE_KEYS = ("name", "description", "model", "tools", "max_iterations", "delegates_to")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 SLACK_MODES = ("socket", "http")
 THREAD_ARCHIVE_MINUTES = (60, 1440, 4320, 10080)  # the durations Discord accepts
@@ -132,6 +133,8 @@ class StorageConfig:
 class LoggingConfig:
     level: str = "INFO"
     stderr_level: str = "WARNING"
+    format: str = "text"
+    """"text" (a line a person reads) or "json" (one object per line, for a log shipper)."""
     file: str = "kaiwa.log"
     max_bytes: int = 5_000_000
     backups: int = 3
@@ -519,4 +522,9 @@ def _checked(config: Config) -> Config:
     ):
         if level.upper() not in LOG_LEVELS:
             raise ConfigError(f"'{key}' must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    if config.logging.format not in LOG_FORMATS:
+        raise ConfigError(
+            f"'logging.format' must be one of {', '.join(LOG_FORMATS)}, got "
+            f"{config.logging.format!r}"
+        )
     return config

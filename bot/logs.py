@@ -2,16 +2,25 @@
 
 Redaction happens on the fully formatted line (message, arguments and traceback together), so a
 secret cannot slip through an exception's text or a library's log call.
+
+Lines are text for a person by default. With `[logging].format = "json"` each is one JSON
+object (`JsonFormatter`) for a log shipper: time (UTC, ISO 8601), level, logger, worker, place,
+turn, message, and the traceback as `exception`. Place and turn come from the turn the code
+runs for (`core.turns.turn.LOGGED_TURN`), null outside one; a message's text never appears,
+as in the text lines.
 """
 
+import json
 import logging
 import logging.handlers
 import sys
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bot.config import LoggingConfig
 from core.errors import ConfigError
+from core.turns.turn import LOGGED_TURN
 
 REDACTED = "[redacted]"
 PRINTED = {"printed": True}
@@ -21,16 +30,48 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 QUIET_LIBRARIES = ("httpx", "httpcore", "alembic", "asyncio", "markdown_it")
 
 
+class Redaction:
+    def __init__(self, secrets: Iterable[str]) -> None:
+        self._secrets = sorted({secret for secret in secrets if secret}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+
+
 class RedactingFormatter(logging.Formatter):
     def __init__(self, secrets: Iterable[str], worker: str = "") -> None:
         super().__init__(FORMAT.replace("%(name)s", f"[{worker}] %(name)s") if worker else FORMAT)
-        self._secrets = sorted({secret for secret in secrets if secret}, key=len, reverse=True)
+        self._redact = Redaction(secrets)
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        for secret in self._secrets:
-            line = line.replace(secret, REDACTED)
-        return line
+        return self._redact(super().format(record))
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; every text in it redacted before it is encoded, so an escape
+    cannot hide a secret."""
+
+    def __init__(self, secrets: Iterable[str], worker: str = "") -> None:
+        super().__init__()
+        self._redact = Redaction(secrets)
+        self._worker = worker or None
+
+    def format(self, record: logging.LogRecord) -> str:
+        turn = LOGGED_TURN.get()
+        line = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "worker": self._worker,
+            "place": turn.place if turn else None,
+            "turn": turn.turn_id if turn else None,
+            "message": self._redact(record.getMessage()),
+        }
+        if record.exc_info:
+            line["exception"] = self._redact(self.formatException(record.exc_info))
+        return json.dumps(line, ensure_ascii=False)
 
 
 def setup_logging(
@@ -44,7 +85,8 @@ def setup_logging(
     """The file log in `data_dir` and stderr; `debug` sends DEBUG lines to stderr too; a
     cluster's `worker` names itself on every line. A folder Kaiwa may not write is a
     `ConfigError` naming the setting."""
-    formatter = RedactingFormatter(secrets, worker)
+    shape = JsonFormatter if config.format == "json" else RedactingFormatter
+    formatter = shape(secrets, worker)
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
         to_file = logging.handlers.RotatingFileHandler(

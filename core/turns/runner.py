@@ -86,7 +86,15 @@ from core.turns.endings import (
 from core.turns.parts import Joined, OpenTurn, TurnParts
 from core.turns.pump import FramePump
 from core.turns.recording import TurnRecorder
-from core.turns.turn import Provenance, StopReport, TurnRequest, TurnResult, TurnSettings
+from core.turns.turn import (
+    LOGGED_TURN,
+    Provenance,
+    StopReport,
+    TurnInLog,
+    TurnRequest,
+    TurnResult,
+    TurnSettings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -222,6 +230,7 @@ class TurnRunner:
 
     async def _run(self, turn: LiveTurn) -> TurnResult:
         conversation = turn.conversation
+        LOGGED_TURN.set(TurnInLog(turn.request.place))  # this task's context alone
         async with conversation.gate:  # invariant 1: the one gate hold of this turn
             conversation.waiting.remove(turn)
             if turn.request.proceed is not None and not turn.request.proceed():
@@ -255,6 +264,7 @@ class TurnRunner:
             self._store.start_turn(self.conversations.turn_start(conversation, request, text))
         )
         starting.add_done_callback(lambda row: Conversations.remember(conversation, row))
+        LOGGED_TURN.set(TurnInLog(request.place, starting))
         said = {"role": "user", "content": text}
         sent = {**said, "images": list(request.images)} if request.images else said
         messages.append(sent)

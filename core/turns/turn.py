@@ -7,13 +7,16 @@ can be read without the runner's code. `TurnSettings` is the configuration a tur
 when it starts (invariant 1: a snapshot, never a lock).
 """
 
+import asyncio
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from core.agent.context import ContextPolicy
 from core.agent.profile import AgentProfile
 from core.channel import Delivery
+from core.store import StartedTurn
 
 
 class Provenance(StrEnum):
@@ -94,3 +97,23 @@ class StopReport:
     dropped: int
     running: int = 0
     """At shutdown: how many turns were running (each stopped)."""
+
+
+@dataclass
+class TurnInLog:
+    """Which turn the code running now works for, as a log line can name it: the runner sets it
+    (`LOGGED_TURN`) in a turn's task, and every task the turn starts inherits it. The turn's id
+    is known once its row is stored (`started`)."""
+
+    place: str
+    started: "asyncio.Future[StartedTurn] | None" = None
+
+    @property
+    def turn_id(self) -> int | None:
+        started = self.started
+        if started is None or not started.done() or started.cancelled() or started.exception():
+            return None
+        return started.result().turn_id
+
+
+LOGGED_TURN: ContextVar[TurnInLog | None] = ContextVar("kaiwa_logged_turn", default=None)

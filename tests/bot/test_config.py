@@ -180,3 +180,10 @@ def test_a_channels_agent_must_be_defined(tmp_path: Path) -> None:
     path = write(tmp_path, "[channels.telegram]\nagent = 'ghost'\n")
     with pytest.raises(ConfigError, match=r"'channels\.telegram\.agent' names 'ghost'"):
         load_config(path)
+
+
+def test_the_log_format_is_text_or_json(tmp_path: Path) -> None:
+    path = write(tmp_path, "[logging]\nformat = 'logfmt'\n")
+    with pytest.raises(ConfigError, match=r"'logging.format' must be one of text, json"):
+        load_config(path)
+    assert load_config(write(tmp_path, "[logging]\nformat = 'json'\n")).logging.format == "json"
