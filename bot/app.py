@@ -128,6 +128,13 @@ async def _serve(
         cluster=cluster,
     )
     runner, scheduler, owners = kaiwa.runner, kaiwa.scheduler, kaiwa.owners
+    health = None
+    if config.metrics.enabled:  # first: a port in use stops the start before anything runs
+        from bot.health import HealthServer, Readiness  # aiohttp loads only when it serves
+
+        readiness = Readiness(store, model, adapters, cluster)
+        health = HealthServer(readiness, config.metrics.host, config.metrics.port)
+        await health.start()
     if owners is None:  # before anything of this process runs: all that runs then is left over
         left = await leftovers(store, runner.parts)
     else:  # what dead workers left is resolved place by place, as each is taken over
@@ -184,6 +191,8 @@ async def _serve(
             await owners.stop()
         stopped = await runner.shutdown()
         await servers.close()
+        if health is not None:
+            await health.close()
         if scheduler is not None:
             await scheduler.settled()  # the firings the shutdown stopped store how they ended
         logger.info(

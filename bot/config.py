@@ -130,6 +130,15 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus metrics, /healthz and /readyz over HTTP (`bot.health`); off by default."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 9464
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     level: str = "INFO"
     stderr_level: str = "WARNING"
@@ -170,6 +179,7 @@ class Config:
     mcp: dict[str, McpServerSettings] = field(default_factory=dict)
     storage: StorageConfig = field(default_factory=StorageConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     channels: ChannelsConfig = field(default_factory=ChannelsConfig)
     base_dir: Path = field(default_factory=Path.cwd, compare=False)
 

@@ -47,6 +47,7 @@ from core.agent.messages import AssistantMessage, ToolCall, ToolResult, ToolStat
 from core.agent.model import ChunkCallback, ModelReply, StatusCallback
 from core.agent.tools import Tool, abandon, argument_problems
 from core.errors import DegenerateTurn
+from core.metrics import TOOL_CALLS
 
 logger = logging.getLogger(__name__)
 
@@ -291,6 +292,8 @@ class AgentLoop:
 
     def _finished(self, result: ToolResult, results: dict[str, ToolResult]) -> None:
         results[result.call.call_id] = result
+        counted = result.call.name if result.call.name in self._tools else "unknown"
+        TOOL_CALLS.labels(counted, result.status.value).inc()
         self._emit(self._sink.tool_finished, result)
 
     async def _result_of(self, call: ToolCall) -> ToolResult:

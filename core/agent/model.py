@@ -50,6 +50,7 @@ from core.errors import (
     ModelTimeout,
     ModelUnreachable,
 )
+from core.metrics import MODEL_TOKENS
 from core.text import clean, clean_all, plural
 
 logger = logging.getLogger(__name__)
@@ -344,6 +345,8 @@ class ModelClient:
             output_tokens=final.eval_count or 0,
             seconds=time.monotonic() - started,
         )
+        MODEL_TOKENS.labels(model, "in").inc(reply.usage.prompt_tokens)
+        MODEL_TOKENS.labels(model, "out").inc(reply.usage.output_tokens)
         reply.done_reason = final.done_reason or ""
         return reply
 

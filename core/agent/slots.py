@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from core.metrics import MODEL_REQUESTS_IN_FLIGHT, MODEL_REQUESTS_WAITING
+
 
 @dataclass(eq=False)
 class _Waiter:
@@ -58,10 +60,16 @@ class RequestSlots:
         if self._busy < self._limit and not self._waiting:
             self._busy += 1
         else:
-            await self._wait(on_wait, background)
+            MODEL_REQUESTS_WAITING.inc()
+            try:
+                await self._wait(on_wait, background)
+            finally:
+                MODEL_REQUESTS_WAITING.dec()
+        MODEL_REQUESTS_IN_FLIGHT.inc()
         try:
             yield
         finally:
+            MODEL_REQUESTS_IN_FLIGHT.dec()
             self._release()
 
     async def _wait(self, on_wait: Callable[[int], None], background: bool) -> None:

@@ -41,6 +41,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from core.errors import StoreError, StoreUnavailable
+from core.metrics import STORE_OUTAGE_SECONDS, STORE_OUTAGES
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class OutageLog:
         with self._lock:
             if not self._failing:
                 self._began, self._cause = time.monotonic(), cause
+                STORE_OUTAGES.inc()
                 logger.warning(
                     "the database is unreachable (%s); holding writes and retrying for up to %g s",
                     cause,
@@ -98,6 +100,7 @@ class OutageLog:
             self._failing.discard(thread)
             if not self._failing:
                 lasted = time.monotonic() - self._began
+                STORE_OUTAGE_SECONDS.inc(lasted)
                 logger.warning(
                     "the database is back after %.1f s (it was: %s)", lasted, self._cause
                 )

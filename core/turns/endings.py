@@ -10,11 +10,13 @@ whose records could not be written says it was not saved (`unsaved_note`, invari
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 from core.channel import Channel, Delivery, Frame, Outcome, Reply
 from core.errors import StoreError
+from core.metrics import FIRST_POST_SECONDS, TURN_SECONDS, TURNS
 from core.turns.pump import FramePump
 from core.turns.recording import TurnRecorder
 from core.turns.turn import TurnRequest, TurnResult
@@ -114,11 +116,13 @@ def log_turn(
     request: TurnRequest,
     outcome: Outcome,
     recorder: TurnRecorder,
-    seconds: float,
+    began: float,
     stop_reason: str | None,
     note: str | None,
 ) -> None:
-    """One line per turn: where, which conversation, how it ended and why, what it cost."""
+    """One line per turn: where, which conversation, how it ended and why, what it cost.
+    `began` is the turn's start (`time.monotonic`)."""
+    seconds = time.monotonic() - began
     usage = recorder.usage
     unknown = "+?" if usage.unknown_calls else ""
     ending = f" stop_reason={stop_reason}" if outcome is Outcome.STOPPED else ""
@@ -140,6 +144,16 @@ def log_turn(
         unknown,
         seconds,
     )
+
+
+def count_turn(
+    request: TurnRequest, outcome: Outcome, recorder: TurnRecorder, began: float
+) -> None:
+    """The turn in the metrics (`core.metrics`), once its reply has ended on the platform."""
+    TURNS.labels(request.platform, outcome.value).inc()
+    TURN_SECONDS.labels(request.platform).observe(time.monotonic() - began)
+    if recorder.first_posted_at is not None:
+        FIRST_POST_SECONDS.labels(request.platform).observe(recorder.first_posted_at - began)
 
 
 def result_of(task: "asyncio.Task[TurnResult]") -> TurnResult:

@@ -23,6 +23,7 @@ turn's assistant messages joined by blank lines (`display_text`).
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -84,6 +85,8 @@ class TurnRecorder(LoopSink):
         self._failure: BaseException | None = None
         self._unsaved = False
         self._framed = False
+        self.first_posted_at: float | None = None
+        """When the reply first showed on the platform (`time.monotonic`), for the metrics."""
         """A frame was saved to be shown: a post may be out whose id is not known yet."""
         self.on_change: Callable[[], None] = _nothing
 
@@ -188,6 +191,8 @@ class TurnRecorder(LoopSink):
         """The reply has posted these messages: their ids are queued for the store at once (in
         order with the turn's other writes), so the window in which a restart cannot tell whether
         a post is out is the platform's round trip alone; a restart finds them and edits them."""
+        if self.first_posted_at is None and posted:
+            self.first_posted_at = time.monotonic()
         if posted == self._reply_ids or self._unsaved:
             return
         self._reply_ids = posted

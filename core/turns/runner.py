@@ -59,6 +59,7 @@ with the plan body):
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -68,6 +69,7 @@ from core.agent.loop import ChatModel
 from core.agent.tools import ToolContext, called_from
 from core.channel import Channel, Outcome, Reply
 from core.errors import KaiwaError
+from core.metrics import QUEUED_MESSAGES
 from core.store import StartedTurn, Store, not_awaited
 from core.text import parse_command
 from core.turns.body import CHAT, BodyTurn, TurnBody
@@ -75,6 +77,7 @@ from core.turns.conversations import Conversation, Conversations, LiveTurn
 from core.turns.endings import (
     SilentUnlessSaid,
     close_reply,
+    count_turn,
     log_turn,
     not_started,
     note_delivery,
@@ -99,6 +102,17 @@ from core.turns.turn import (
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 10.0
+_RUNNERS: "weakref.WeakSet[TurnRunner]" = weakref.WeakSet()
+"""Every runner of this process, for the queued-messages gauge, read only when scraped."""
+
+
+def _queued() -> int:
+    """Turns waiting behind their conversation's running one, in every runner."""
+    live = (turn for runner in list(_RUNNERS) for turn in runner._live)
+    return sum(turn in turn.conversation.waiting for turn in live)
+
+
+QUEUED_MESSAGES.set_function(_queued)
 
 
 class TurnModel(ChatModel, LengthModel, Protocol):
@@ -136,6 +150,7 @@ class TurnRunner:
         self.workflows: dict[str, TurnBody] = {}
         """Turn bodies by the command that starts them (`plan`: a message `/plan <task>`)."""
         self._live: set[LiveTurn] = set()
+        _RUNNERS.add(self)
         self.closing = False
         self._why_stopped: dict[int, str] = {}
         """At shutdown: why a turn a part holds stops (stored as the turn's error)."""
@@ -368,11 +383,11 @@ class TurnRunner:
         else:
             self.conversations.settle(conversation, recorder, outcome)
         opened.joined.ended(failure is None and outcome is not Outcome.FAILED)
-        seconds = time.monotonic() - opened.began
-        log_turn(request, outcome, recorder, seconds, turn.stop_reason, note)
+        log_turn(request, outcome, recorder, opened.began, turn.stop_reason, note)
         reply = opened.reply
         await close_reply(opened.pump, reply, text, outcome, note, recorder.frame().tools)
         note_delivery(request, recorder, reply)
+        count_turn(request, outcome, recorder, opened.began)
         return TurnResult(
             outcome.value,
             text,

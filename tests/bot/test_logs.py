@@ -62,7 +62,8 @@ class Lines(logging.Handler):
 @pytest.fixture
 def json_lines() -> Iterator[Lines]:
     lines, root = Lines(), logging.getLogger()
-    level, root.level = root.level, logging.INFO
+    level = root.level
+    root.setLevel(logging.INFO)  # not `root.level =`: loggers cache what they let through
     root.addHandler(lines)
     yield lines
     root.removeHandler(lines)
@@ -75,7 +76,8 @@ async def test_a_turns_lines_name_its_place_and_turn(bot: Bot, json_lines: Lines
     await bot.channel.finished()
     (turn,) = await bot.turns()
 
-    (ended,) = [line for line in json_lines.lines if str(line["message"]).startswith("turn ")]
+    said = f"turn {turn.id} place={PLACE} "
+    (ended,) = [line for line in json_lines.lines if str(line["message"]).startswith(said)]
     assert (ended["place"], ended["turn"], ended["logger"]) == (
         PLACE,
         turn.id,

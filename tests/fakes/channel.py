@@ -163,5 +163,9 @@ class _Reply:
         self.recorded.text, self.recorded.outcome, self.recorded.note = text, outcome, note
         self.recorded.tools = tools
         self.delivery = self._channel.shows
+        if not self.posted and self.delivery is not Delivery.NOTHING:  # as a platform posts it
+            self.posted = (f"{self.recorded.place}/{len(self._channel.replies)}",)
+            if self._on_post is not None:
+                self._on_post(self.posted)
         self._channel.calls.append("finish")
         self._channel.changed()

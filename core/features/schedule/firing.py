@@ -26,6 +26,7 @@ from typing import Any
 from core.channel import Channel, Delivery
 from core.features.schedule.timers import Timers
 from core.features.schedule.timing import ScheduleSettings, aware, due, local_time
+from core.metrics import SCHEDULED_FIRINGS
 from core.store import Store
 from core.store.tables import ScheduledTask
 from core.text import plural
@@ -142,6 +143,7 @@ class SlotRuns:
         }
         await self._store.finish_task_run(run_id, finished, task_id, changes)
         logger.info("task %d (%s) ran: %s", task_id, task.place, outcome)
+        SCHEDULED_FIRINGS.labels(outcome).inc()
         if pause is not None:
             logger.warning("task %d in %s paused: %s", task_id, task.place, pause)
             if outcome == "failed":

@@ -1,0 +1,130 @@
+"""The operators' endpoint: /metrics moves by exactly what happened, /readyz says what is wrong.
+
+A session is scripted on the harness (a tool, a stopped reply, a failed model call, a scheduled
+firing), then /metrics is scraped over HTTP and compared with a scrape from before it: the
+metrics are the process's, so a test reads what it moved, not absolute values.
+"""
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bot.health import HealthServer, Readiness
+from core.agent.model import ModelClient, ModelSettings
+from core.agent.tools import ToolContext
+from core.features.schedule.timing import ScheduleSettings, When
+from core.store import Store
+from tests.databases import QUICK, Outage, open_store
+from tests.fakes.channel import RecordingChannel
+from tests.fakes.ollama import FakeOllama, HttpError, Pause, Text, ToolCall
+from tests.harness import PLACE, BotFactory, echo
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def scrape(url: str) -> Samples:
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as answer:
+        assert answer.status == 200
+        text = await answer.text()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def moved(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+async def get(url: str, path: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(url + path) as answer:
+        return answer.status, await answer.text()
+
+
+Serve = Callable[[Readiness], Awaitable[str]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    """Serves a readiness on a free port; returns the server's URL."""
+    servers: list[HealthServer] = []
+
+    async def served(readiness: Readiness) -> str:
+        server = HealthServer(readiness, "127.0.0.1", 0)
+        await server.start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.port}"
+
+    yield served
+    for server in servers:
+        await server.close()
+
+
+async def test_metrics_move_by_exactly_what_a_session_did(
+    serve: Serve, make_bot: BotFactory, model: ModelClient
+) -> None:
+    bot = make_bot(tools=[echo], schedule=ScheduleSettings())
+    url = await serve(Readiness(bot.store, model, [bot.channel]))
+    before = await scrape(url)
+    platform = bot.channel.platform
+
+    bot.ollama.script(ToolCall("echo", {"word": "hi"}), Text("Said it."))  # a tool, then done
+    bot.ollama.script(Text("Done."))
+    await bot.send("say hi")
+    await bot.channel.finished()
+    bot.ollama.script(Text("Half"), Pause("half"), Text(" never"))  # stopped
+    await bot.send("go on")
+    await bot.ollama.reached("half")
+    await bot.send("/stop")
+    await bot.channel.finished()
+    bot.ollama.script(HttpError(500, "boom"))  # failed
+    await bot.send("again")
+    await bot.channel.finished()
+    assert bot.scheduler is not None
+    bot.ollama.default = [Text("Digest.")]
+    context = ToolContext(platform, PLACE, "ann", "person")
+    task = await bot.scheduler.create(context, "assistant", "digest", When(every_minutes=60))
+    await bot.scheduler.run_now(task)
+    await bot.scheduler.settled()
+
+    after = await scrape(url)
+    turns = {
+        outcome: moved(before, after, "kaiwa_turns_total", platform=platform, outcome=outcome)
+        for outcome in ("done", "stopped", "failed")
+    }
+    assert turns == {"done": 2, "stopped": 1, "failed": 1}, "three messages and a firing"
+    assert moved(before, after, "kaiwa_tool_calls_total", tool="echo", outcome="ok") == 1
+    assert moved(before, after, "kaiwa_scheduled_firings_total", outcome="done") == 1
+    assert moved(before, after, "kaiwa_turn_seconds_count", platform=platform) == 4
+    posted = moved(before, after, "kaiwa_turn_first_post_seconds_count", platform=platform)
+    assert posted == 4, "each reply showed once: three answers and the firing's post"
+    out = moved(before, after, "kaiwa_model_tokens_total", model="test-model", direction="out")
+    assert out > 0
+    assert after[("kaiwa_model_requests_in_flight", ())] == 0
+    assert after[("kaiwa_queued_messages", ())] == 0
+
+
+async def test_readyz_says_what_is_wrong_and_turns_ready_again(
+    serve: Serve, outage: Outage, closing: list[Store]
+) -> None:
+    store = await open_store(outage.url, QUICK, closing)
+    async with FakeOllama() as ollama:
+        model = ModelClient(ModelSettings(url=ollama.url))
+        url = await serve(Readiness(store, model, [RecordingChannel()]))
+        assert await get(url, "/healthz") == (200, "ok\n")
+        assert await get(url, "/readyz") == (200, "ready\n")
+
+        outage.begin()
+        status, body = await get(url, "/readyz")
+        assert status == 503 and "not ready: the database did not answer within" in body
+        outage.end()
+        await outage.store_recovered()
+        assert await get(url, "/readyz") == (200, "ready\n")
+
+    status, body = await get(url, "/readyz")  # the fake Ollama is gone
+    await model.close()
+    assert status == 503 and body.startswith("not ready: Ollama: cannot reach Ollama")
