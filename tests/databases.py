@@ -7,6 +7,7 @@ and `store_recovered` for its "back" line, so tests order events by handshakes.
 """
 
 import asyncio
+import atexit
 import functools
 import logging
 import os
@@ -90,7 +91,9 @@ def fresh_sqlite(path: Path) -> str:
 
 @functools.cache
 def _migrated_sqlite() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="kaiwa-tests-")) / "migrated.db"
+    folder = Path(tempfile.mkdtemp(prefix="kaiwa-tests-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # gone with the run
+    path = folder / "migrated.db"
     engine = create_engine(f"sqlite:///{path}")
     try:
         ensure_schema(engine)
