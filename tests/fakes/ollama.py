@@ -353,12 +353,15 @@ _Reader = Callable[[Any, str, list[str]], Any]
 """Reads (a value, its path, the paths dropped so far) into what Ollama keeps of the value."""
 
 
+def _unmarshal(value: Any, path: str, wanted: str) -> ToolsRefused:
+    """Ollama's (Go's) refusal of `value` at `path`, where `wanted` was expected."""
+    return ToolsRefused(f"json: cannot unmarshal {type(value).__name__} into {path} {wanted}")
+
+
 def _typed(kind: type | tuple[type, ...], go: str) -> _Reader:
     def read(value: Any, path: str, dropped: list[str]) -> Any:
         if value is not None and not isinstance(value, kind):
-            raise ToolsRefused(
-                f"json: cannot unmarshal {type(value).__name__} into {path} of type {go}"
-            )
+            raise _unmarshal(value, path, f"of type {go}")
         return value
 
     return read
@@ -373,9 +376,7 @@ def _strings(value: Any, path: str, dropped: list[str]) -> Any:
         return value
     if isinstance(value, list) and all(isinstance(each, str) for each in value):
         return value
-    raise ToolsRefused(
-        f"json: cannot unmarshal {type(value).__name__} into {path} of type []string"
-    )
+    raise _unmarshal(value, path, "of type []string")
 
 
 def _struct(fields: Mapping[str, _Reader]) -> _Reader:
@@ -383,9 +384,7 @@ def _struct(fields: Mapping[str, _Reader]) -> _Reader:
         if value is None:
             return None
         if not isinstance(value, dict):
-            raise ToolsRefused(
-                f"json: cannot unmarshal {type(value).__name__} into {path} (an object)"
-            )
+            raise _unmarshal(value, path, "(an object)")
         kept = {}
         for key, each in value.items():
             if key in fields:
@@ -402,9 +401,7 @@ def _map_of(reader: _Reader) -> _Reader:
         if value is None:
             return None
         if not isinstance(value, dict):
-            raise ToolsRefused(
-                f"json: cannot unmarshal {type(value).__name__} into {path} (an object)"
-            )
+            raise _unmarshal(value, path, "(an object)")
         return {key: reader(each, f"{path}.{key}", dropped) for key, each in value.items()}
 
     return read
@@ -415,9 +412,7 @@ def _list_of(reader: _Reader) -> _Reader:
         if value is None:
             return None
         if not isinstance(value, list):
-            raise ToolsRefused(
-                f"json: cannot unmarshal {type(value).__name__} into {path} (an array)"
-            )
+            raise _unmarshal(value, path, "(an array)")
         return [reader(each, f"{path}[{index}]", dropped) for index, each in enumerate(value)]
 
     return read
