@@ -232,13 +232,7 @@ class SlackChannel(ConnectionState):
         on_post: OnPost | None = None,
     ) -> Reply:
         working_on = reply_to.split(":", 1)[1] if reply_to else None
-        transport = SlackTransport(
-            self.web_client,
-            SlackPlace.of(place),
-            self._messages.who_am_i,
-            working_on,
-            self._settings.working_reaction,
-        )
+        transport = self._transport(place, working_on, self._settings.working_reaction)
         return StreamingReply(transport, self._render, place, posted, on_post)
 
     async def notify(
@@ -246,12 +240,18 @@ class SlackChannel(ConnectionState):
     ) -> tuple[str, ...]:
         if await answered_privately(place, text, buttons):
             return ()
-        transport = SlackTransport(self.web_client, SlackPlace.of(place), self._messages.who_am_i)
+        transport = self._transport(place)
         return await send_notice(transport, text, self._settings.final_edit_seconds, buttons)
 
     async def edit_notice(self, place: str, message_id: str, text: str) -> None:
-        transport = SlackTransport(self.web_client, SlackPlace.of(place), self._messages.who_am_i)
+        transport = self._transport(place)
         await replace_notice(transport, message_id, text, self._settings.final_edit_seconds)
+
+    def _transport(
+        self, place: str, working_on: str | None = None, reaction: str = ""
+    ) -> SlackTransport:
+        where = SlackPlace.of(place)
+        return SlackTransport(self.web_client, where, self._messages.who_am_i, working_on, reaction)
 
     # -- connecting ----------------------------------------------------------------------------
 
