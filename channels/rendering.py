@@ -42,7 +42,7 @@ platform's own markup, with the platform's errors mapped to `RateLimited` and `P
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,6 +50,7 @@ from channels.formatting import split_message
 from channels.presses import STOP
 from channels.settings import PlatformSettings
 from core.channel import Button, Delivery, Frame, OnPost, Outcome, platform_of
+from core.metrics import PLATFORM_API_ERRORS, PLATFORM_RATE_LIMITS
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,22 @@ class PlatformError(Exception):
 class LostMessage(PlatformError):
     """A post went through, or may have (its answer never came), but nothing says which message
     it made: it is never sent again."""
+
+
+@contextlib.contextmanager
+def counted_refusals(platform: str, *, rate_limits: bool = True) -> Iterator[None]:
+    """Each refusal raised through the block counted for the operators (`core.metrics`): a rate
+    limit (unless `rate_limits` is off: the library counts them where it meets them), or any
+    other failed call of `platform`'s API. A transport's error mapping runs in it."""
+    try:
+        yield
+    except RateLimited:
+        if rate_limits:
+            PLATFORM_RATE_LIMITS.labels(platform).inc()
+        raise
+    except PlatformError:
+        PLATFORM_API_ERRORS.labels(platform).inc()
+        raise
 
 
 LOST_NOTICE = (

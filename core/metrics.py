@@ -3,8 +3,10 @@
 Each metric is defined here once, on prometheus-client's default registry, and moved by the
 one module that knows the event (a turn's end in `core.turns.endings`, a tool's result in
 `core.agent.loop`, a slot in `core.agent.slots`, the database in `core.store.dbthread`, a firing
-in `core.features.schedule.firing`). Moving one is a lock and an addition, so it costs a turn
-nothing measurable; nothing is exported unless `[metrics]` serves them (`bot.health`).
+in `core.features.schedule.firing`, a question in `core.features.approvals.questions`, a run in
+`core.features.subagents.agents`, a lease in `core.cluster.leases`, a platform's refusal in
+`channels.rendering`). Moving one is a lock and an addition, so it costs a turn nothing
+measurable; nothing is exported unless `[metrics]` serves them (`bot.health`).
 
 Label values are bounded: platforms, outcomes, model names and tool names come from the code
 and the configuration, never from people, so no place id, person id or text becomes a label. A
@@ -50,3 +52,30 @@ STORE_OUTAGES = Counter("kaiwa_store_outages", "Times the database became unreac
 STORE_OUTAGE_SECONDS = Counter(
     "kaiwa_store_outage_seconds", "Seconds the database was unreachable, summed over outages."
 )
+STORE_RETRIES = Counter(
+    "kaiwa_store_retries",
+    "Times a batch of database calls was tried again after its connection was lost.",
+)
+APPROVALS_ASKED = Counter("kaiwa_approvals_asked", "Questions asked of a person (approvals).")
+APPROVALS_ANSWERED = Counter(
+    "kaiwa_approvals_answered",
+    "Questions settled, by decision (allowed, allowed_here, edited, denied, timed_out, "
+    "cancelled, expired).",
+    ["decision"],
+)
+SUBAGENTS_RUNNING = Gauge("kaiwa_subagents_running", "Sub-agent runs working now.")
+SUBAGENT_RUNS = Counter(
+    "kaiwa_subagent_runs", "Sub-agent runs ended, by outcome (done, stopped, failed).", ["outcome"]
+)
+PLATFORM_API_ERRORS = Counter(
+    "kaiwa_platform_api_errors",
+    "Platform API calls refused or failed (rate limits apart), by platform.",
+    ["platform"],
+)
+PLATFORM_RATE_LIMITS = Counter(
+    "kaiwa_platform_rate_limits", "Platform API calls answered with a rate limit.", ["platform"]
+)
+CLUSTER_WORKERS = Gauge(
+    "kaiwa_cluster_workers_alive", "Workers of this cluster connected, as this worker last saw."
+)
+CLUSTER_LEASES = Gauge("kaiwa_cluster_leases_held", "Leases this worker holds (channels, places).")

@@ -4,8 +4,8 @@ The client is discord.py's `Client` with its event handlers (`on_message`, `on_r
 nothing else: what an event means is the channel's (`Listener`), so this module knows only what
 discord.py asks of a subclass. `new_client` sets what a client is built with: the intents Kaiwa
 needs (Message Content among them: without it, messages arrive blank), mentions in the bot's text
-that never ping anyone (`AllowedMentions.none`), and the longest rate limit discord.py waits out
-by itself.
+that never ping anyone (`AllowedMentions.none`), the longest rate limit discord.py waits out
+by itself, and a trace of its HTTP calls that counts every 429 for the operators.
 
 An event discord.py cannot parse (a server's MESSAGE_CREATE without `author`, say) raises inside
 its gateway loop and would end it: every parser of the client's connection state is wrapped
@@ -21,8 +21,11 @@ import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import aiohttp
+
 from channels.discord.library import discord
 from channels.presses import PAYLOAD_PREFIX, pressed_command
+from core.metrics import PLATFORM_RATE_LIMITS
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +130,21 @@ def new_client(channel: Listener, guild_ready_timeout: float) -> DiscordClient:
         allowed_mentions=discord.AllowedMentions.none(),
         max_ratelimit_timeout=LONGEST_LIBRARY_WAIT,
         guild_ready_timeout=guild_ready_timeout,
+        http_trace=_rate_limits_counted(),
     )
+
+
+def _rate_limits_counted() -> aiohttp.TraceConfig:
+    """Every 429 Discord answers, counted for the operators (`core.metrics`): discord.py waits
+    most of them out itself, so no error of Kaiwa's ever shows them."""
+
+    async def answered(_: object, __: object, request: aiohttp.TraceRequestEndParams) -> None:
+        if request.response.status == 429:
+            PLATFORM_RATE_LIMITS.labels("discord").inc()
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_end.append(answered)
+    return trace
 
 
 def _contained(

@@ -26,7 +26,7 @@ import aiohttp
 from channels.discord.client import CommandButton
 from channels.discord.library import discord
 from channels.presses import fitting, payload
-from channels.rendering import LostMessage, PlatformError, RateLimited
+from channels.rendering import LostMessage, PlatformError, RateLimited, counted_refusals
 from core.channel import Button
 
 MESSAGE_LIMIT = 2000
@@ -111,16 +111,17 @@ def view(buttons: Sequence[Button]) -> discord.ui.View | None:
 
 @contextlib.contextmanager
 def _mapped_errors(what: str) -> Iterator[None]:
-    try:
-        yield
-    except discord.RateLimited as exc:
-        raise RateLimited(exc.retry_after) from exc
-    except discord.HTTPException as exc:
-        if exc.status == 429:  # a limit discord.py would not (or no longer) wait out itself
-            raise RateLimited(_retry_after(exc.response.headers)) from exc
-        raise PlatformError(f"Discord refused {what} ({exc.status}: {exc.text})") from exc
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        raise PlatformError(f"Discord: {what} failed ({exc!r})") from exc
+    with counted_refusals("discord", rate_limits=False):  # every 429 is counted by the client
+        try:
+            yield
+        except discord.RateLimited as exc:
+            raise RateLimited(exc.retry_after) from exc
+        except discord.HTTPException as exc:
+            if exc.status == 429:  # a limit discord.py would not (or no longer) wait out itself
+                raise RateLimited(_retry_after(exc.response.headers)) from exc
+            raise PlatformError(f"Discord refused {what} ({exc.status}: {exc.text})") from exc
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise PlatformError(f"Discord: {what} failed ({exc!r})") from exc
 
 
 def _retry_after(headers: Mapping[str, str]) -> float:

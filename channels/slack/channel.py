@@ -79,6 +79,7 @@ from channels.slack.transport import OnlyIdempotentRetries, SlackTransport
 from channels.throttled_log import ThrottledLog
 from core.channel import Button, ChannelTraits, Deliver, OnPost, Reply
 from core.errors import ChannelError, StoreError
+from core.metrics import PLATFORM_API_ERRORS, PLATFORM_RATE_LIMITS
 
 logger = logging.getLogger(__name__)
 
@@ -295,6 +296,8 @@ class SlackChannel(ConnectionState):
                 return await call()
             except SlackApiError as exc:
                 refusal = Refusal.of(exc, method)
+                counted = PLATFORM_RATE_LIMITS if refusal.rate_limited else PLATFORM_API_ERRORS
+                counted.labels(self.platform).inc()
                 if refusal.needs_a_person:
                     raise ChannelError(refusal.token_problem(kind, variable)) from exc
                 if not refusal.rate_limited:

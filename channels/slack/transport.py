@@ -39,7 +39,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.formatting import slack_mrkdwn
 from channels.places import SlackPlace
 from channels.presses import fitting, payload
-from channels.rendering import LostMessage, PlatformError, RateLimited
+from channels.rendering import LostMessage, PlatformError, RateLimited, counted_refusals
 from channels.slack.own_posts import WhoAmI, find_own_post, is_ts, lookback_ts
 from channels.slack.refusals import Refusal
 from core.channel import Button
@@ -191,18 +191,19 @@ class OnlyIdempotentRetries(AsyncConnectionErrorRetryHandler):
 def mapped_errors(method: str, *, creates: bool = False) -> Iterator[None]:
     """Slack's errors as `channels.rendering` knows them; with `creates`, a call whose answer
     never came (it was sent, then the connection failed or timed out) is a `LostMessage`."""
-    try:
-        yield
-    except SlackApiError as exc:
-        refusal = Refusal.of(exc, method)
-        if refusal.rate_limited:
-            raise RateLimited(refusal.retry_after) from exc
-        raise PlatformError(refusal.described()) from exc
-    except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
-        failed = f"Slack {method} failed: {exc or type(exc).__name__}"
-        if creates and not isinstance(exc, aiohttp.ClientConnectorError | SlackClientError):
-            raise LostMessage(f"{failed}; it may have posted, so it is not sent again") from exc
-        raise PlatformError(failed) from exc
+    with counted_refusals("slack"):
+        try:
+            yield
+        except SlackApiError as exc:
+            refusal = Refusal.of(exc, method)
+            if refusal.rate_limited:
+                raise RateLimited(refusal.retry_after) from exc
+            raise PlatformError(refusal.described()) from exc
+        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            failed = f"Slack {method} failed: {exc or type(exc).__name__}"
+            if creates and not isinstance(exc, aiohttp.ClientConnectorError | SlackClientError):
+                raise LostMessage(f"{failed}; it may have posted, so it is not sent again") from exc
+            raise PlatformError(failed) from exc
 
 
 def with_buttons(mrkdwn: str, buttons: Sequence[Button]) -> list[dict[str, Any]]:

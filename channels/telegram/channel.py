@@ -56,6 +56,7 @@ from channels.telegram.receiving import Updates
 from channels.telegram.transport import TelegramTransport, retry_seconds
 from core.channel import COMMANDS, Button, ChannelTraits, Deliver, OnPost, Reply
 from core.errors import ChannelError, StoreError
+from core.metrics import PLATFORM_API_ERRORS, PLATFORM_RATE_LIMITS
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -245,11 +246,14 @@ class TelegramChannel(ConnectionState):
             try:
                 batch = await self._fetch_updates()
             except InvalidToken as exc:
+                PLATFORM_API_ERRORS.labels(self.platform).inc()
                 raise self.cannot_connect(ChannelError(_token_problem(self._settings))) from exc
             except RetryAfter as exc:
+                PLATFORM_RATE_LIMITS.labels(self.platform).inc()
                 await self._pause(retry_seconds(exc))
                 continue
             except TelegramError as exc:
+                PLATFORM_API_ERRORS.labels(self.platform).inc()
                 self.lost(self._unreachable(exc))
                 logger.warning("Telegram: fetching updates failed (%s); again in %g s", exc, pause)
                 await self._pause(pause)

@@ -25,7 +25,7 @@ from telegram.error import BadRequest, NetworkError, RetryAfter, TelegramError
 
 from channels.formatting import telegram_html, utf16_len
 from channels.presses import fitting, payload
-from channels.rendering import LostMessage, PlatformError, RateLimited
+from channels.rendering import LostMessage, PlatformError, RateLimited, counted_refusals
 from core.channel import Button
 
 # python-telegram-bot 22 reports time periods (RetryAfter.retry_after, ...) as ints with a
@@ -110,17 +110,20 @@ class TelegramTransport:
 def mapped_errors(method: str, *, creates: bool = False) -> Iterator[None]:
     """Telegram's errors as `channels.rendering` knows them; with `creates`, a call whose
     answer never came is a `LostMessage`."""
-    try:
-        yield
-    except RetryAfter as exc:
-        raise RateLimited(retry_seconds(exc)) from exc
-    except TelegramError as exc:
-        failed = f"Telegram {method} failed: {exc}"
-        if creates and _unanswered(exc):
-            raise LostMessage(f"{failed}; it may have posted, so it is not sent again") from exc
-        raise PlatformError(failed) from exc
-    except (KeyError, TypeError, ValueError) as exc:  # the library could not read the answer
-        raise LostMessage(f"Telegram answered {method} without a usable message ({exc})") from exc
+    with counted_refusals("telegram"):
+        try:
+            yield
+        except RetryAfter as exc:
+            raise RateLimited(retry_seconds(exc)) from exc
+        except TelegramError as exc:
+            failed = f"Telegram {method} failed: {exc}"
+            if creates and _unanswered(exc):
+                raise LostMessage(f"{failed}; it may have posted, so it is not sent again") from exc
+            raise PlatformError(failed) from exc
+        except (KeyError, TypeError, ValueError) as exc:  # the library could not read the answer
+            raise LostMessage(
+                f"Telegram answered {method} without a usable message ({exc})"
+            ) from exc
 
 
 def _unanswered(exc: TelegramError) -> bool:

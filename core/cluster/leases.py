@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ from sqlalchemy.engine import make_url
 
 from core.cluster.settings import ClusterSettings, worker_name
 from core.errors import ConfigError, StoreError
+from core.metrics import CLUSTER_LEASES, CLUSTER_WORKERS
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +84,17 @@ async def cluster_view(
     return workers, holders
 
 
+_COORDINATORS: "weakref.WeakSet[Coordinator]" = weakref.WeakSet()
+"""Every coordinator of this process (one, but for tests), for the leases gauge."""
+
+
+def _leases_held() -> int:
+    return sum(len(coordinator.held) for coordinator in list(_COORDINATORS))
+
+
+CLUSTER_LEASES.set_function(_leases_held)
+
+
 class Coordinator:
     """This worker's two connections to PostgreSQL: one holds its leases (and sends its
     notifications), one listens."""
@@ -99,6 +112,7 @@ class Coordinator:
         """The leases this worker holds."""
         self.lost = asyncio.Event()
         """Set when the lease connection ended: every lease is gone (others may hold them)."""
+        _COORDINATORS.add(self)
 
     @property
     def application_name(self) -> str:
@@ -158,7 +172,9 @@ class Coordinator:
         except psycopg.Error as exc:
             self._connection_lost(exc)
             raise StoreError(f"the cluster's database connection failed: {exc}") from exc
-        return sorted(str(row[0]).removeprefix(prefix) for row in rows)
+        workers = sorted(str(row[0]).removeprefix(prefix) for row in rows)
+        CLUSTER_WORKERS.set(len(workers))
+        return workers
 
     def _key(self, name: str) -> int:
         return lock_key(f"{self.settings.name}:{name}")

@@ -41,7 +41,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from core.errors import StoreError, StoreUnavailable
-from core.metrics import STORE_OUTAGE_SECONDS, STORE_OUTAGES
+from core.metrics import STORE_OUTAGE_SECONDS, STORE_OUTAGES, STORE_RETRIES
 
 logger = logging.getLogger(__name__)
 
@@ -190,12 +190,14 @@ class DatabaseThread:
                 if lost.stale:
                     logger.info("a database connection was lost (%s); reconnecting", lost.cause)
                     pending = lost.remaining
+                    STORE_RETRIES.inc()
                     continue
                 self._outages.failed(self._name, lost.cause)
                 pending = self._expire(lost.remaining, lost.cause)
                 if pending:
                     self._wake.wait(pause)
                     pause = min(pause * 2, MAX_PAUSE)
+                    STORE_RETRIES.inc()
             else:
                 self._outages.recovered(self._name)
 

@@ -13,8 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bot.health import HealthServer, Readiness
 from core.agent.model import ModelClient, ModelSettings
+from core.agent.profile import AgentProfile
 from core.agent.tools import ToolContext
+from core.features.approvals.questions import ApprovalSettings
 from core.features.schedule.timing import ScheduleSettings, When
+from core.features.subagents.runs import SubagentSettings
 from core.store import Store
 from tests.databases import QUICK, Outage, open_store
 from tests.fakes.channel import RecordingChannel
@@ -106,6 +109,49 @@ async def test_metrics_move_by_exactly_what_a_session_did(
     assert out > 0
     assert after[("kaiwa_model_requests_in_flight", ())] == 0
     assert after[("kaiwa_queued_messages", ())] == 0
+
+
+async def test_questions_and_sub_agents_are_counted_as_they_happen(
+    serve: Serve, make_bot: BotFactory, model: ModelClient
+) -> None:
+    researcher = AgentProfile("researcher", "test-model", "You look one thing up.", {})
+    bot = make_bot(
+        tools=[echo],
+        approvals=ApprovalSettings(ask=["echo"]),
+        agents={"researcher": researcher},
+        delegates_to=("researcher",),
+        subagents=SubagentSettings(status_message=False),
+    )
+    url = await serve(Readiness(bot.store, model, [bot.channel]))
+    before = await scrape(url)
+
+    bot.ollama.script(ToolCall("echo", {"word": "hello"}), Text("Said it."))
+    await bot.send("say hello", author="ann")
+    await bot.channel.wait_until(lambda: bool(bot.channel.notices_in(PLACE)), "the question")
+    asked = await scrape(url)
+    await bot.send("/approve 1", author="ann")
+    await bot.channel.finished()
+
+    task = {"profile": "researcher", "instruction": "find apples"}
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task]}), Text("Asked a helper."))
+    bot.ollama.script_for("apples", Pause("apples"), ToolCall("report", {"summary": "Three."}))
+    bot.ollama.script(Text("Three kinds."))
+    await bot.send("what apples are there?", author="ann")
+    await bot.ollama.reached("apples")
+    working = await scrape(url)
+    bot.ollama.release("apples")
+    run = bot.subagents.find(PLACE, "a1")
+    assert run is not None
+    await run.finished.wait()
+    await bot.channel.finished(3)
+    after = await scrape(url)
+
+    assert moved(before, asked, "kaiwa_approvals_asked_total") == 1
+    assert moved(before, asked, "kaiwa_approvals_answered_total", decision="allowed") == 0
+    assert moved(before, after, "kaiwa_approvals_answered_total", decision="allowed") == 1
+    assert moved(before, working, "kaiwa_subagents_running") == 1
+    assert moved(before, after, "kaiwa_subagents_running") == 0
+    assert moved(before, after, "kaiwa_subagent_runs_total", outcome="done") == 1
 
 
 async def test_readyz_says_what_is_wrong_and_turns_ready_again(

@@ -8,6 +8,7 @@ import asyncio
 from itertools import pairwise
 
 import pytest
+from prometheus_client import REGISTRY
 
 from channels.presses import STOP, payload
 from channels.rendering import LOST_NOTICE
@@ -89,6 +90,27 @@ async def test_a_rate_limit_delays_but_loses_nothing(platform: Platform) -> None
     await platform.wait_until(
         lambda: platform.shown(ANN) == ["First part. Second part, complete."], "the whole reply"
     )
+
+
+def counted(name: str, platform: Platform) -> float:
+    return REGISTRY.get_sample_value(name, {"platform": platform.name}) or 0.0
+
+
+async def test_rate_limits_and_refusals_are_counted_for_the_operators(platform: Platform) -> None:
+    """One 429 is one rate limit of this platform, whether Kaiwa or the library waited it out
+    (discord.py waits most out itself); a refused post is an API error."""
+    limits, errors = "kaiwa_platform_rate_limits_total", "kaiwa_platform_api_errors_total"
+    limits_before, errors_before = counted(limits, platform), counted(errors, platform)
+    await test_a_rate_limit_delays_but_loses_nothing(platform)
+    assert counted(limits, platform) - limits_before == 1
+    assert counted(errors, platform) == errors_before
+
+    platform.refuse_posts(BOB)
+    reply = platform.reply(BOB)
+    await reply.update(Frame("Words nobody will see"))
+    await reply.finish("Words nobody will see.", Outcome.DONE, None)
+    assert counted(errors, platform) - errors_before >= 1
+    assert counted(limits, platform) - limits_before == 1
 
 
 async def test_stop_keeps_the_partial_text_on_the_platform_and_in_the_store(

@@ -33,6 +33,7 @@ from typing import Any
 from core.agent.tools import Tool, ToolContext, calling
 from core.channel import Button, Channel, platform_of
 from core.errors import KaiwaError
+from core.metrics import APPROVALS_ANSWERED, APPROVALS_ASKED
 from core.store import Store
 from core.store.tables import Approval, utc_now
 from core.text import plural
@@ -245,6 +246,7 @@ class Approvals(Part):
         assert key is not None
         question = _Question(approval, words, personal)
         self._questions[key] = question
+        APPROVALS_ASKED.inc()
         shown = [Button(b.label, b.command.format(key=key)) for b in buttons]
         text = f"{asking} ({hint.format(key=key)})"
         try:
@@ -301,6 +303,7 @@ class Approvals(Part):
         if not await self._store.decide_approval(approval.id, values):
             return False
         question.approval = approval.model_copy(update=values)
+        APPROVALS_ANSWERED.labels(answer.decision).inc()
         logger.info(
             "approval %d in %s: %s by %s", approval.id, approval.place, answer.decision, person
         )
@@ -345,6 +348,7 @@ class Approvals(Part):
                 approval.id, {"status": "expired", "decided_at": utc_now()}
             ):
                 expired += 1
+                APPROVALS_ANSWERED.labels("expired").inc()
                 await places.ready(approval.place)
                 await self._show(approval, _outcome(approval.call, Answer("expired"), DECISIONS))
         if expired:

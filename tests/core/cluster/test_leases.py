@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 
 from core.cluster.leases import ClusterSettings, Coordinator, conninfo
 from core.errors import ConfigError
@@ -63,14 +64,21 @@ async def test_a_lease_is_held_by_one_worker_until_its_connection_ends(
     assert two.held == {"channel:telegram"}
 
 
+def leases_held() -> float:
+    return REGISTRY.get_sample_value("kaiwa_cluster_leases_held") or 0.0
+
+
 async def test_a_released_lease_can_be_taken_at_once(workers: Callable[[str], Coordinator]) -> None:
     one, two = workers("one"), workers("two")
     await one.start()
     await two.start()
+    held = leases_held()
     assert await one.try_lease("place:test:1")
+    assert leases_held() == held + 1
 
     await one.release("place:test:1")
 
+    assert leases_held() == held
     assert await two.try_lease("place:test:1")
     assert one.held == set()
 
@@ -127,6 +135,7 @@ async def test_workers_lists_the_live_workers(workers: Callable[[str], Coordinat
     await one.start()
     await two.start()
     assert await one.workers() == ["one", "two"]
+    assert REGISTRY.get_sample_value("kaiwa_cluster_workers_alive") == 2
     await two.close()
 
     async def only_one() -> bool:

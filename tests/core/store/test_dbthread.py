@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import Connection, Engine, create_engine, event, text
 
 from core.errors import StoreError, StoreUnavailable
@@ -162,9 +163,14 @@ async def test_a_call_is_not_torn_by_its_callers_cancellation(thread: DatabaseTh
     assert await thread.submit(notes) == ["written anyway"]
 
 
+def counted(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
 async def test_an_outage_is_waited_out_with_one_line_when_it_starts_and_one_when_it_ends(
     thread: DatabaseThread, database: Path, warnings_logged: LogLines
 ) -> None:
+    outages, retries = counted("kaiwa_store_outages_total"), counted("kaiwa_store_retries_total")
     lock = Lock(database)
     writes = [thread.submit(note(f"n{i}")) for i in range(5)]
     await warnings_logged.wait_for(1)
@@ -172,6 +178,8 @@ async def test_an_outage_is_waited_out_with_one_line_when_it_starts_and_one_when
     await asyncio.gather(*writes)
 
     assert await thread.submit(notes) == [f"n{i}" for i in range(5)]
+    assert counted("kaiwa_store_outages_total") - outages == 1, "one outage, however many tries"
+    assert counted("kaiwa_store_retries_total") - retries >= 1
     began, ended = warnings_logged.lines
     assert began.startswith("the database is unreachable (OperationalError: database is locked)")
     assert ended.startswith("the database is back after ")
