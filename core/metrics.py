@@ -4,7 +4,7 @@ Each metric is defined here once, on prometheus-client's default registry, and m
 one module that knows the event (a turn's end in `core.turns.endings`, a tool's result in
 `core.agent.loop`, a slot in `core.agent.slots`, the database in `core.store.dbthread`, a firing
 in `core.features.schedule.firing`, a question in `core.features.approvals.questions`, a run in
-`core.features.subagents.agents`, a lease in `core.cluster.leases`, a platform's refusal in
+`core.features.subagents.work`, a lease in `core.cluster.leases`, a platform's refusal in
 `channels.rendering`). Moving one is a lock and an addition, so it costs a turn nothing
 measurable; nothing is exported unless `[metrics]` serves them (`bot.health`).
 

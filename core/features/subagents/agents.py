@@ -42,7 +42,6 @@ from core.features.subagents.delegation import (
 )
 from core.features.subagents.runs import Claims, Run, SubagentSettings, format_report, slug
 from core.features.subagents.work import Workbench, work
-from core.metrics import SUBAGENT_RUNS, SUBAGENTS_RUNNING
 from core.store import RunStart, Store, not_awaited
 from core.store.tables import SubagentMessage, SubagentRun
 from core.text import plural
@@ -339,9 +338,7 @@ class Subagents(Part):
     # -- a run's end ---------------------------------------------------------------------------
 
     async def _work(self, run: Run, profile: AgentProfile, tools: dict[str, Tool]) -> None:
-        with SUBAGENTS_RUNNING.track_inprogress():
-            await work(run, profile, tools, self._bench)
-        SUBAGENT_RUNS.labels(run.status).inc()
+        await work(run, profile, tools, self._bench)
         run.finished.set()
         await self._boards.ended(run)
         if run.parent is None and run.delivery == "pending" and not run.claimed:

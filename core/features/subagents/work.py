@@ -26,6 +26,7 @@ from core.agent.profile import AgentProfile
 from core.agent.tools import Tool, ToolContext, called_from, tool
 from core.errors import KaiwaError, StoreError
 from core.features.subagents.runs import Run
+from core.metrics import SUBAGENT_RUNS, SUBAGENTS_RUNNING
 from core.store import Store, not_awaited
 from core.store.tables import utc_now
 from core.text import plural
@@ -61,6 +62,7 @@ async def work(run: Run, profile: AgentProfile, tools: dict[str, Tool], bench: W
         {"role": "user", "content": run.task},
     ]
     sink.add("user", run.task)
+    SUBAGENTS_RUNNING.inc()
     try:
         context = await bench.window(profile)
         offered = bench.parts.guarded({**tools, "report": _report_tool()}, bench.tool_timeout)
@@ -91,6 +93,9 @@ async def work(run: Run, profile: AgentProfile, tools: dict[str, Tool], bench: W
     except Exception as exc:
         logger.exception("sub-agent %s in %s failed unexpectedly", run.key, run.place)
         run.status, run.report = "failed", f"internal error ({type(exc).__name__})"
+    finally:
+        SUBAGENTS_RUNNING.dec()
+    SUBAGENT_RUNS.labels(run.status).inc()
     await _store_ending(run, bench.store)
 
 
