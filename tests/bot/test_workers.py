@@ -9,7 +9,6 @@ deadlines (the failover setting is 3 s here).
 
 import asyncio
 import signal
-import socket
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from tests.fakes.slack import BOT_TOKEN as SLACK_TOKEN
 from tests.fakes.slack import SIGNING_SECRET, TEAM, FakeSlack
 from tests.fakes.telegram import BOT_TOKEN as TELEGRAM_TOKEN
 from tests.fakes.telegram import FakeTelegram
+from tests.ports import free_port
 from tests.processes import kaiwa
 
 pytestmark = pytest.mark.postgres
@@ -73,12 +73,6 @@ async def database() -> AsyncIterator[str]:
     yield make_url(base).set(database=name).render_as_string(hide_password=False)
     async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as connection:
         await connection.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def worker_config(

@@ -4,7 +4,6 @@ Every failure must become one of our errors with a one-line message that says wh
 """
 
 import asyncio
-import socket
 
 import pytest
 
@@ -19,6 +18,7 @@ from core.errors import (
 )
 from tests.fakes.ollama import Cut, ErrorLine, FakeOllama, HttpError, Pause, Stall, Text
 from tests.fakes.patience import deadline
+from tests.ports import free_port
 
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -31,12 +31,6 @@ async def chat(client: ModelClient, model: str = "test-model") -> str:
     async with asyncio.timeout(deadline()):
         reply = await client.chat(model, HELLO, ModelReply(), ignore)
     return reply.text
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 async def test_unreachable_ollama_says_how_to_start_it() -> None:
