@@ -11,17 +11,23 @@ Off by default; `[metrics].enabled` serves, on `host:port`:
 Each readiness check has `CHECK_SECONDS` and they run side by side, so an answer takes well
 under a second even when the database or Ollama hangs. The server is bound to 127.0.0.1 unless
 `host` says otherwise: the figures are not secret, but they are nobody else's business.
+
+Given the address of Slack's HTTP mode or Telegram's webhook, the routes join the server that
+receives the platform's posts (`channels.http_server`): a load balancer in front of several
+workers then probes `/readyz` on the port it forwards the posts to. Only the port is shared.
 """
 
 import asyncio
 import logging
 from collections.abc import Awaitable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from channels.http_server import Routes, mounted
 from core.agent.model import ModelClient
 from core.channel import Channel
 from core.errors import ConfigError, KaiwaError
@@ -75,7 +81,7 @@ class Readiness:
         return f"{channel.platform} is not connected: {why}"
 
 
-def routes(readiness: Readiness) -> web.Application:
+def routes(readiness: Readiness) -> Routes:
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -88,39 +94,30 @@ def routes(readiness: Readiness) -> web.Application:
             return web.Response(status=503, text="".join(f"not ready: {p}\n" for p in problems))
         return web.Response(text="ready\n")
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    return app
+    return {("GET", "/metrics"): metrics, ("GET", "/healthz"): healthz, ("GET", "/readyz"): readyz}
 
 
 class HealthServer:
-    """`routes` served on `host:port` until closed."""
+    """`routes` served on `host:port` until closed, on the server of Slack's HTTP mode or
+    Telegram's webhook when either listens at the same address (`channels.http_server`)."""
 
     def __init__(self, readiness: Readiness, host: str, port: int) -> None:
-        self._runner = web.AppRunner(routes(readiness), access_log=None)
+        self._serving = AsyncExitStack()
+        self._routes = routes(readiness)
         self._host = host
-        self._port = port
+        self.port = port
+        """The port served (the one picked, once started, when `port` was 0)."""
 
     async def start(self) -> None:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
         try:
-            await site.start()
+            served = mounted(self._host, self.port, self._routes)
+            self.port = await self._serving.enter_async_context(served)
         except OSError as exc:
-            await self._runner.cleanup()
             raise ConfigError(
-                f"cannot serve the metrics on {self._host}:{self._port} ({exc.strerror or exc}); "
+                f"cannot serve the metrics on {self._host}:{self.port} ({exc.strerror or exc}); "
                 "set [metrics].port to a free port"
             ) from exc
-        logger.info("metrics and health checks on http://%s:%d/", self._host, self._port)
-
-    @property
-    def port(self) -> int:
-        """The port served (the one picked, when `port` was 0)."""
-        addresses = self._runner.addresses
-        return int(addresses[0][1]) if addresses else self._port
+        logger.info("metrics and health checks on http://%s:%d/", self._host, self.port)
 
     async def close(self) -> None:
-        await self._runner.cleanup()
+        await self._serving.aclose()

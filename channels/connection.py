@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, TypeVar
 
 from core.errors import ChannelError
@@ -55,26 +55,24 @@ class ConnectionState:
         connected meanwhile (a platform posting its events: Slack's HTTP mode, Telegram's
         webhook). A port that cannot be had is a `ChannelError` naming `setting`."""
         host, port, path = address
-        from aiohttp import web  # the web server loads only for a platform that posts to it
+        from channels.http_server import mounted  # aiohttp's server loads only when it serves
 
-        server = web.Application()
-        server.router.add_post(path, handler)
-        runner = web.AppRunner(server, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, host, port).start()
-        except OSError as exc:
-            await runner.cleanup()
-            problem = (
-                f"cannot listen for {what} on {host}:{port} ({exc}): set {setting} to a free port"
-            )
-            raise self.cannot_connect(ChannelError(problem)) from exc
-        self.now_connected()
-        try:
-            yield
-        finally:
-            await runner.cleanup()
-            self.connected.clear()
+        async with AsyncExitStack() as serving:
+            try:
+                await serving.enter_async_context(mounted(host, port, {("POST", path): handler}))
+            except OSError as exc:
+                problem = (
+                    f"cannot listen for {what} on {host}:{port} ({exc}): set {setting} to a free "
+                    "port"
+                )
+                raise self.cannot_connect(ChannelError(problem)) from exc
+            except ValueError as exc:  # another listener of this process has the path there
+                raise self.cannot_connect(ChannelError(f"cannot listen for {what}: {exc}")) from exc
+            self.now_connected()
+            try:
+                yield
+            finally:
+                self.connected.clear()
 
 
 def unreachable(service: str, url: str, setting: str, error: BaseException) -> str:

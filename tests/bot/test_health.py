@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.health import HealthServer, Readiness
+from channels.connection import ConnectionState
 from core.agent.model import ModelClient, ModelSettings
 from core.agent.profile import AgentProfile
 from core.agent.tools import ToolContext
@@ -23,6 +25,7 @@ from tests.databases import QUICK, Outage, open_store
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import FakeOllama, HttpError, Pause, Text, ToolCall
 from tests.harness import PLACE, BotFactory, echo
+from tests.ports import free_port
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -152,6 +155,29 @@ async def test_questions_and_sub_agents_are_counted_as_they_happen(
     assert moved(before, working, "kaiwa_subagents_running") == 1
     assert moved(before, after, "kaiwa_subagents_running") == 0
     assert moved(before, after, "kaiwa_subagent_runs_total", outcome="done") == 1
+
+
+async def test_the_probes_share_the_port_that_receives_the_platforms_posts(
+    make_bot: BotFactory, model: ModelClient
+) -> None:
+    """A load balancer asks /readyz where it forwards Telegram's webhook posts: one port."""
+    bot = make_bot()
+    port = free_port()
+    health = HealthServer(Readiness(bot.store, model, [bot.channel]), "127.0.0.1", port)
+    await health.start()
+    url = f"http://127.0.0.1:{port}"
+
+    async def taken(_: web.Request) -> web.Response:
+        return web.Response(text="update taken")
+
+    webhook = ConnectionState()
+    address = ("127.0.0.1", port, "/telegram")
+    async with webhook.receiving_posts(taken, address, "Telegram updates", "webhook_port"):
+        async with aiohttp.ClientSession() as session, session.post(url + "/telegram") as answer:
+            assert (answer.status, await answer.text()) == (200, "update taken")
+        assert await get(url, "/readyz") == (200, "ready\n")
+    assert await get(url, "/readyz") == (200, "ready\n"), "the probes outlive the webhook"
+    await health.close()
 
 
 async def test_readyz_says_what_is_wrong_and_turns_ready_again(
