@@ -42,7 +42,7 @@ from rich.markdown import Markdown
 from channels.rendering import ending_mark
 from channels.settings import TerminalSettings
 from channels.terminal import printable
-from core.channel import Delivery, Frame, Outcome
+from core.channel import Delivery, Frame, OnPost, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +90,8 @@ class ChatConsole:
                 self._echo(text)
                 yield text
 
-    def reply(self) -> "ChatReply":
-        reply = ChatReply(self._settings, self._invalidate, self._width, self._reply_ended)
+    def reply(self, on_post: OnPost | None = None) -> "ChatReply":
+        reply = ChatReply(self._settings, self._invalidate, self._width, self._reply_ended, on_post)
         self._live.append(reply)
         return reply
 
@@ -155,8 +155,11 @@ class ChatReply:
         changed: Callable[[], None],
         width: Callable[[], int],
         ended: Callable[[], None],
+        on_post: OnPost | None = None,
     ) -> None:
+        """`on_post` hears no ids, once, when the reply first shows (printed lines have none)."""
         self._settings = settings
+        self._first_shown = on_post
         self._changed = changed
         self._width = width
         self._ended = ended
@@ -170,6 +173,7 @@ class ChatReply:
         self.done = False
 
     async def update(self, frame: Frame) -> None:
+        self._shown()
         self._commit_tools(frame.tools)
         if frame.text.startswith(self._text):
             self._text = frame.text
@@ -183,6 +187,7 @@ class ChatReply:
     async def finish(
         self, text: str, outcome: Outcome, note: str | None, *, tools: tuple[str, ...] = ()
     ) -> None:
+        self._shown()
         self._commit_tools(tools)
         self._text = text
         self._status = None
@@ -216,6 +221,11 @@ class ChatReply:
         elif not rest and not shown:
             shown.append(("class:spinner", f"{spinner}\n"))
         return shown
+
+    def _shown(self) -> None:
+        if self._first_shown is not None:
+            told, self._first_shown = self._first_shown, None
+            told(())
 
     def _commit_tools(self, tools: tuple[str, ...]) -> None:
         """A dim line for each tool the reply has used since the last frame, after the text

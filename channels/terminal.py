@@ -49,8 +49,8 @@ class Console(Protocol):
         """What the person sends, one message at a time; ends at the end of input."""
         ...
 
-    def reply(self) -> Reply:
-        """A reply to show as it streams."""
+    def reply(self, on_post: OnPost | None = None) -> Reply:
+        """A reply to show as it streams; `on_post` hears no ids, once, when it first shows."""
         ...
 
     def say(self, text: str) -> None:
@@ -143,8 +143,9 @@ class TerminalChannel:
         on_post: OnPost | None = None,
     ) -> Reply:
         """A terminal cannot change what it printed: a reply taken up after a restart starts
-        anew below it."""
-        return self.console.reply()
+        anew below it. Printed lines have no ids: `on_post` hears none, once, when the reply
+        first prints."""
+        return self.console.reply(on_post)
 
     async def notify(
         self, place: str, text: str, buttons: Sequence[Button] = ()
@@ -186,8 +187,8 @@ class PlainConsole:
     def lines(self) -> AsyncIterator[str]:
         return self._lines
 
-    def reply(self) -> Reply:
-        return TerminalReply(self._write, self._dim, self._settings, self._reply_streams)
+    def reply(self, on_post: OnPost | None = None) -> Reply:
+        return TerminalReply(self._write, self._dim, self._settings, self._reply_streams, on_post)
 
     def say(self, text: str) -> None:
         """A notice, on its own lines: between replies, never inside one."""
@@ -221,14 +222,16 @@ class TerminalReply:
         dim: Callable[[str], str],
         settings: TerminalSettings,
         streams: Callable[[bool], None] = lambda streaming: None,
+        on_post: OnPost | None = None,
     ) -> None:
         """`streams` hears True when the reply starts printing and False once it has ended
-        (its console holds notices meanwhile)."""
+        (its console holds notices meanwhile); `on_post`, when it starts printing."""
         self.delivery = Delivery.NOTHING
         self._write_raw = write
         self._dimmed = dim
         self._settings = settings
         self._streams = streams
+        self._on_post = on_post
         self._text = ""
         self._thinking = ""
         self._activity: str | None = None
@@ -272,6 +275,8 @@ class TerminalReply:
         if self._section is None:
             self._streams(True)
             self._write_raw(REPLY_LABEL)
+            if self._on_post is not None:
+                self._on_post(())
         elif section != self._section or fresh:
             self._write_raw("\n")
         self._section = section

@@ -140,7 +140,8 @@ class Reply(Protocol):
 
 
 OnPost = Callable[[tuple[str, ...]], None]
-"""Told a reply's posted messages' ids, each time a post adds one (`Channel.open_reply`)."""
+"""Told a reply's posted messages' ids, each time a post adds one (`Channel.open_reply`); a
+channel whose messages have no ids tells it once, with none, when the reply first shows."""
 
 Deliver = Callable[[ChannelMessage], Awaitable[None]]
 """Hand a message to the core; returns once it is recorded (and a command in it has answered).
@@ -188,7 +189,8 @@ class Channel(Protocol):
         the ids of messages an earlier process posted for this reply (after a restart), which
         the reply takes up again instead of posting anew. `on_post` hears the reply's `posted`
         each time a post adds to it, the moment the platform has answered, so the turn records
-        it before anything else happens (a platform whose messages have no ids never calls)."""
+        it before anything else happens (a channel whose messages have no ids calls it once,
+        with none, when the reply first shows: the wait for a first word is measured there)."""
         ...
 
     async def notify(

@@ -191,7 +191,7 @@ class TurnRecorder(LoopSink):
         """The reply has posted these messages: their ids are queued for the store at once (in
         order with the turn's other writes), so the window in which a restart cannot tell whether
         a post is out is the platform's round trip alone; a restart finds them and edits them."""
-        if self.first_posted_at is None and posted:
+        if self.first_posted_at is None:
             self.first_posted_at = time.monotonic()
         if posted == self._reply_ids or self._unsaved:
             return
