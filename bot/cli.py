@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, about in (
         ("run", "start the configured channels (the default)"),
         ("check", "check that Ollama is reachable and the models are pulled"),
-        ("status", "conversations, today's turns and tokens, the last errors"),
+        ("status", "conversations, today's turns and tokens, the last errors, the live figures"),
     ):
         # the options work after the command too (`kaiwa run --debug`); given there, they win
         _add_options(commands.add_parser(name, help=about), command=True)

@@ -3,7 +3,7 @@
 `check` tries everything a start needs (Ollama and its models, each channel's token, the MCP
 servers) and prints every problem with its fix; `status` reads the store (and, with several
 workers, who is alive and who holds each platform's connection) without starting a channel or
-asking Ollama.
+asking Ollama, then asks the running worker for its live figures (`bot.figures`).
 """
 
 import sys
@@ -14,6 +14,7 @@ from typing import TextIO
 from bot.adapters import TerminalIO, configured, no_lines
 from bot.checks import find_problems
 from bot.config import Config
+from bot.figures import live_figures
 from bot.wiring import access_rules, assemble, features, turn_settings
 from core.agent.context import SCHEMA_SHARE_WARNING, SchemaShare, schema_share
 from core.agent.model import ModelClient
@@ -139,7 +140,8 @@ async def agent_windows(config: Config, model: ModelClient) -> list[AgentWindow]
 
 
 async def status(config: Config, output: TextIO = sys.stdout) -> int:
-    """`kaiwa status`: what the store says, without starting a channel or asking Ollama."""
+    """`kaiwa status`: what the store says, without starting a channel or asking Ollama, and
+    what the running worker's metrics say."""
     store = await Store.open(config.database_url(), config.storage.store_settings())
     try:
         midnight = datetime.now().astimezone().replace(hour=0, minute=0, second=0, microsecond=0)
@@ -163,6 +165,7 @@ async def status(config: Config, output: TextIO = sys.stdout) -> int:
         when = turn.started_at.astimezone().strftime("%Y-%m-%d %H:%M")
         place = summary.places.get(turn.conversation_id, "?")
         output.write(f"  {when} {place}: {turn.error or 'failed'}\n")
+    output.writelines(f"{line}\n" for line in await live_figures(config.metrics))
     return 0
 
 

@@ -14,6 +14,7 @@ from tests.fakes.discord import FakeDiscord
 from tests.fakes.ollama import FakeOllama, HttpError, Pause, Text
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
+from tests.ports import free_port
 from tests.processes import WAIT_SECONDS, finish, kaiwa, write_config
 
 READY = "Kaiwa is ready"
@@ -290,6 +291,50 @@ async def test_status_reads_the_store_without_starting_anything(
         "terminal:local: Ollama answered HTTP 500: model runner crashed; "
         "check the Ollama server log"
     )
+    assert lines[6] == (
+        "live figures: off; set [metrics].enabled = true to see them here and in Prometheus"
+    )
+
+
+async def test_status_shows_the_running_workers_live_figures(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    ollama.script(Text("Fine."))
+    config = write_config(tmp_path, ollama.url)
+    port = free_port()
+    with config.open("a") as more:
+        more.write(f"\n[metrics]\nenabled = true\nport = {port}\n")
+    process = await kaiwa("--config", str(config), stdin=asyncio.subprocess.PIPE)
+    assert process.stdin is not None
+    await read_until(process, READY)
+    process.stdin.write(b"hello\n")
+    await read_until(process, "Fine.")  # the turn is counted as its reply ends, well before
+    code, out, err = await finish(await kaiwa("--config", str(config), "status"))  # this starts
+    process.stdin.close()
+    await finish(process)
+
+    assert code == 0, err
+    live = out[out.index("live figures") :].splitlines()
+    assert (
+        live[0]
+        == f"live figures (from http://127.0.0.1:{port}/metrics, since that process started):"
+    )
+    assert "turns: 1 (1 done)" in live
+    assert any(line.startswith("first shown text: half within ") for line in live), out
+    assert "tokens: 10 in, 5 out" in live
+    assert "queued messages: 0; model requests: 0 in flight, 0 waiting for a slot" in live
+
+
+async def test_status_says_where_no_worker_answers(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "http://127.0.0.1:9")
+    port = free_port()
+    with config.open("a") as more:
+        more.write(f"\n[metrics]\nenabled = true\nport = {port}\n")
+    code, out, err = await finish(await kaiwa("--config", str(config), "status"))
+
+    assert code == 0, err
+    assert f"live figures: no Kaiwa answered at http://127.0.0.1:{port}/metrics (" in out
+    assert out.endswith("is it running?\n")
 
 
 async def test_the_end_of_a_pipe_waits_for_its_answer(ollama: FakeOllama, tmp_path: Path) -> None:
