@@ -180,7 +180,7 @@ async def test_the_probes_share_the_port_that_receives_the_platforms_posts(
     await health.close()
 
 
-async def test_readyz_says_what_is_wrong_and_turns_ready_again(
+async def test_readyz_says_what_is_wrong_and_turns_ready_again_after(
     serve: Serve, outage: Outage, closing: list[Store]
 ) -> None:
     store = await open_store(outage.url, QUICK, closing)
@@ -198,5 +198,12 @@ async def test_readyz_says_what_is_wrong_and_turns_ready_again(
         assert await get(url, "/readyz") == (200, "ready\n")
 
     status, body = await get(url, "/readyz")  # the fake Ollama is gone
-    await model.close()
     assert status == 503 and body.startswith("not ready: Ollama: cannot reach Ollama")
+    port = int(ollama.url.rsplit(":", 1)[1])
+    back = FakeOllama()  # and back, on the port it had
+    await back.start(port)
+    try:
+        assert await get(url, "/readyz") == (200, "ready\n")
+    finally:
+        await back.close()
+        await model.close()
