@@ -32,7 +32,7 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
     turn_settings(config)
     model = ModelClient(config.ollama)
     opened = configured(config, TerminalIO(lines=no_lines()))
-    servers = McpServers(config.mcp)
+    servers = McpServers(config.mcp, once=True)  # a restart's backoff would only slow it
     await servers.start()
     try:
         problems = await find_problems(config, model, opened)

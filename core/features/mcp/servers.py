@@ -48,13 +48,21 @@ class McpServers(Part):
     among theirs, wherever it runs (its conversation's turns and its runs as a sub-agent)."""
 
     def __init__(
-        self, settings: Mapping[str, McpServerSettings], pause: Pause = asyncio.sleep
+        self,
+        settings: Mapping[str, McpServerSettings],
+        pause: Pause = asyncio.sleep,
+        *,
+        once: bool = False,
     ) -> None:
+        """`once`: each server is tried once and never restarted (`kaiwa check`, which only
+        asks whether they start)."""
         self.servers: list[McpServer] = []
         if settings:
             from core.features.mcp import session
 
-            self.servers = [session.McpServer(name, each, pause) for name, each in settings.items()]
+            self.servers = [
+                session.McpServer(name, each, pause, once=once) for name, each in settings.items()
+            ]
 
     async def start(self) -> None:
         await asyncio.gather(*(server.start() for server in self.servers))

@@ -47,9 +47,16 @@ STDERR_LINE_LIMIT = 64 * 1024
 
 class McpServer:
     def __init__(
-        self, name: str, settings: McpServerSettings, pause: Pause = asyncio.sleep
+        self,
+        name: str,
+        settings: McpServerSettings,
+        pause: Pause = asyncio.sleep,
+        *,
+        once: bool = False,
     ) -> None:
         self.name = name
+        self._once = once
+        """Tried once, never restarted (`kaiwa check`)."""
         self.settings = settings
         self.prefix = settings.prefix or name
         self.tools: dict[str, Tool] = {}
@@ -86,10 +93,14 @@ class McpServer:
             except Exception as exc:
                 self.problem = link.failure(exc)
                 self._answered.set()
+                if self._once:
+                    return
                 logger.warning(
                     "MCP %s: %s; trying again in %.0f s", self.name, self.problem, backoff
                 )
             else:
+                if self._once:
+                    return
                 if ran is None:
                     logger.warning("MCP %s: restarting after a failed call", self.name)
                     continue

@@ -326,6 +326,25 @@ async def test_embedded_resources_and_links_reach_the_model_in_words(
     )
 
 
+async def test_a_server_tried_once_is_never_started_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression: `kaiwa check` restarted a server that could not start, with backoff, for as
+    long as the check ran; under load the restarts piled up and the check outlived its test's
+    deadline. Tried once, the supervisor ends with the server's problem and never backs off."""
+    held = HeldPause()
+    gone = McpServerSettings(command="/nonexistent/mcp-server")
+    servers = McpServers({"gone": gone}, pause=held, once=True)
+    with caplog.at_level(logging.WARNING, logger="core.features.mcp.session"):
+        await servers.start()  # returns once the failure is known: a retry's backoff, in the
+    reached = held.reached.is_set()  # same step as the failure, would already have begun
+    await servers.close()
+
+    assert not reached, "no backoff, no second try"
+    assert servers.problems()[0].startswith("MCP server gone does not start: FileNotFoundError")
+    assert not [r for r in caplog.records if "trying again" in r.getMessage()]
+
+
 async def test_a_server_that_exits_between_calls_is_answered_not_running_until_it_is_back(
     make_bot: BotFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
