@@ -64,6 +64,8 @@ FRONT_MATTER = "---"
 PROFILE_KEYS = ("name", "description", "model", "tools", "max_iterations", "delegates_to")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
+PROBE_PATHS = {"/metrics", "/healthz", "/readyz"}
+"""What `[metrics]` answers (`bot.health.routes`)."""
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 SLACK_MODES = ("socket", "http")
 THREAD_ARCHIVE_MINUTES = (60, 1440, 4320, 10080)  # the durations Discord accepts
@@ -361,6 +363,41 @@ def _check_telegram_webhook(telegram: TelegramSettings) -> None:
         )
 
 
+def _check_listeners(config: Config) -> None:
+    """Listeners at one port share one server (`channels.http_server`) only on the same host,
+    each with paths of its own; anything else would fail at start with a bare "address in use"
+    naming only one of them."""
+    telegram, slack, metrics = config.channels.telegram, config.channels.slack, config.metrics
+    listeners = [
+        ("metrics.port", metrics.enabled, metrics.host, metrics.port, PROBE_PATHS),
+        (
+            "channels.telegram.webhook_port",
+            telegram.mode == "webhook",
+            telegram.webhook_host,
+            telegram.webhook_port,
+            {telegram.webhook_path},
+        ),
+        (
+            "channels.slack.http_port",
+            slack.mode == "http",
+            slack.http_host,
+            slack.http_port,
+            {slack.http_path},
+        ),
+    ]
+    serving = [each for each in listeners if each[1] and each[3]]
+    for index, (key, _, host, port, paths) in enumerate(serving):
+        for other, _, other_host, other_port, other_paths in serving[index + 1 :]:
+            if port == other_port and host != other_host:
+                raise ConfigError(
+                    f"'{key}' and '{other}' are both {port}, on different hosts ({host}, "
+                    f"{other_host}): give them the same host to share one server, or another port"
+                )
+            if port == other_port and paths & other_paths:
+                both = ", ".join(sorted(paths & other_paths))
+                raise ConfigError(f"'{key}' and '{other}' both answer {both} on port {port}")
+
+
 def _check_delegation(agents: dict[str, AgentConfig]) -> None:
     """Every `delegates_to` names a defined agent, and none leads back to where it started."""
     for name, agent in agents.items():
@@ -503,6 +540,7 @@ def _checked(config: Config) -> Config:
                 "(a streamable-HTTP endpoint), not both"
             )
     _check_telegram_webhook(config.channels.telegram)
+    _check_listeners(config)
     if config.memory.scope not in SCOPES:
         raise ConfigError(
             f"'memory.scope' must be one of {', '.join(SCOPES)}, got {config.memory.scope!r}"

@@ -187,3 +187,29 @@ def test_the_log_format_is_text_or_json(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"'logging.format' must be one of text, json"):
         load_config(path)
     assert load_config(write(tmp_path, "[logging]\nformat = 'json'\n")).logging.format == "json"
+
+
+WEBHOOK = (
+    "[channels.telegram]\nmode = 'webhook'\nwebhook_url = 'https://kaiwa.example/telegram'\n"
+    "webhook_host = '0.0.0.0'\nwebhook_port = 8443\n"
+)
+
+
+def test_the_probes_may_share_the_webhooks_port_on_its_host_only(tmp_path: Path) -> None:
+    shared = WEBHOOK + "[metrics]\nenabled = true\nhost = '0.0.0.0'\nport = 8443\n"
+    assert load_config(write(tmp_path, shared)).metrics.port == 8443
+
+    elsewhere = WEBHOOK + "[metrics]\nenabled = true\nport = 8443\n"
+    with pytest.raises(
+        ConfigError,
+        match=r"'metrics.port' and 'channels.telegram.webhook_port' are both 8443, on different "
+        r"hosts \(127.0.0.1, 0.0.0.0\): give them the same host",
+    ):
+        load_config(write(tmp_path, elsewhere))
+
+
+def test_two_listeners_at_one_port_need_paths_of_their_own(tmp_path: Path) -> None:
+    clash = WEBHOOK.replace("0.0.0.0", "127.0.0.1") + "webhook_path = '/healthz'\n"
+    clash += "[metrics]\nenabled = true\nport = 8443\n"
+    with pytest.raises(ConfigError, match=r"both answer /healthz on port 8443"):
+        load_config(write(tmp_path, clash))
