@@ -1,9 +1,9 @@
 """`kaiwa check` and `kaiwa status`: what an operator asks of Kaiwa without running it.
 
-`check` tries everything a start needs (Ollama and its models, each channel's token, the MCP
-servers) and prints every problem with its fix; `status` reads the store (and, with several
-workers, who is alive and who holds each platform's connection) without starting a channel or
-asking Ollama, then asks the running worker for its live figures (`bot.figures`).
+`check` tries everything a start needs (the database, Ollama and its models, each channel's
+token, the MCP servers) and prints every problem with its fix; `status` reads the store (and,
+with several workers, who is alive and who holds each platform's connection) without starting a
+channel or asking Ollama, then asks the running worker for its live figures (`bot.figures`).
 """
 
 import sys
@@ -18,7 +18,7 @@ from bot.figures import live_figures
 from bot.wiring import access_rules, assemble, features, turn_settings
 from core.agent.context import SCHEMA_SHARE_WARNING, SchemaShare, schema_share
 from core.agent.model import ModelClient
-from core.errors import ModelError
+from core.errors import ModelError, StoreError
 from core.features.mcp.servers import McpServers
 from core.features.schedule.timing import describe_tasks
 from core.store import Store
@@ -35,7 +35,7 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
     servers = McpServers(config.mcp, once=True)  # a restart's backoff would only slow it
     await servers.start()
     try:
-        problems = await find_problems(config, model, opened)
+        problems = await _store_problems(config) + await find_problems(config, model, opened)
         windows = [] if problems else await agent_windows(config, model)
         problems += servers.problems()
         crowded = [] if problems else await _crowded_windows(config, servers, model, windows)
@@ -98,6 +98,21 @@ def _crowded(agent: str, share: SchemaShare) -> str:
         f"[schedule], [memory], delegates_to) or raise [agents.{agent}].context_window. "
         f"Largest: {largest}"
     )
+
+
+async def _store_problems(config: Config) -> list[str]:
+    """Whether the database opens and takes a write, as a start needs it to."""
+    try:
+        store = await Store.open(config.database_url(), config.storage.store_settings())
+    except StoreError as exc:
+        return [str(exc)]
+    try:
+        await store.ping()
+    except StoreError as exc:
+        return [f"the database does not take a write: {exc}"]
+    finally:
+        await store.close()
+    return []
 
 
 async def _tasks_line(config: Config) -> str:

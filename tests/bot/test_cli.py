@@ -53,6 +53,29 @@ async def test_check_names_the_model_to_pull(ollama: FakeOllama, tmp_path: Path)
     assert out == "problem: model qwen3:4b not found: run `ollama pull qwen3:4b`\n"
 
 
+async def test_check_names_a_database_it_cannot_open_without_its_password(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """Regression: a database that could not be opened ended `kaiwa check` with "cannot start",
+    as if it had been starting, and only when nothing else was wrong."""
+    config = write_config(tmp_path, ollama.url, model="qwen3:4b")
+    url = f"postgresql+psycopg://kaiwa:hunter2@127.0.0.1:{free_port()}/kaiwa"
+    code, out, _ = await finish(
+        await kaiwa("--config", str(config), "check", env={"KAIWA_DATABASE_URL": url})
+    )
+
+    assert code == 1
+    database, model = out.splitlines()
+    assert database.startswith(
+        "problem: cannot open the database postgresql+psycopg://kaiwa:***@127.0.0.1:"
+    )
+    assert database.endswith(
+        "check that it is reachable and that [storage].database_url_env names the right variable"
+    )
+    assert model == "problem: model qwen3:4b not found: run `ollama pull qwen3:4b`"
+    assert "hunter2" not in out
+
+
 async def test_check_names_a_telegram_token_that_is_wrong(
     ollama: FakeOllama, tmp_path: Path
 ) -> None:
