@@ -34,17 +34,25 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
     opened = configured(config, TerminalIO(lines=no_lines()))
     servers = McpServers(config.mcp, once=True)  # a restart's backoff would only slow it
     await servers.start()
+    store, problems = await _opened_store(config)
+    crowded: list[str] = []
+    tasks = ""
     try:
-        problems = await _store_problems(config) + await find_problems(config, model, opened)
+        problems += await find_problems(config, model, opened)
         windows = [] if problems else await agent_windows(config, model)
         problems += servers.problems()
-        crowded = [] if problems else await _crowded_windows(config, servers, model, windows)
+        if not problems:
+            assert store is not None
+            crowded = await _crowded_windows(config, store, servers, model, windows)
+            tasks = await _tasks_line(config, store)
         described = servers.describe()
     finally:
         await servers.close()
         await model.close()
         for adapter in opened:
             await adapter.close()
+        if store is not None:
+            await store.close()
     for problem in problems:
         output.write(f"problem: {problem}\n")
     if not problems:
@@ -54,39 +62,53 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
         output.write(f"ok: channels ready: {names or 'none'}\n")
         output.writelines(f"context window: {window.line}\n" for window in windows)
         output.writelines(f"warning: {line}\n" for line in crowded)
-        output.write(f"tasks: {await _tasks_line(config)}\n")
+        output.write(f"tasks: {tasks}\n")
         output.writelines(f"mcp: {line}\n" for line in described)
     return 1 if problems else 0
 
 
+async def _opened_store(config: Config) -> tuple[Store | None, list[str]]:
+    """The store, opened and taking a write as a start needs it; otherwise why not."""
+    try:
+        store = await Store.open(config.database_url(), config.storage.store_settings())
+    except StoreError as exc:
+        return None, [str(exc)]
+    try:
+        await store.ping()
+    except StoreError as exc:
+        await store.close()
+        return None, [f"the database does not take a write: {exc}"]
+    return store, []
+
+
 async def _crowded_windows(
-    config: Config, servers: McpServers, model: ModelClient, windows: list["AgentWindow"]
+    config: Config,
+    store: Store,
+    servers: McpServers,
+    model: ModelClient,
+    windows: list["AgentWindow"],
 ) -> list[str]:
     """For each agent whose offered tools' schemas take more than `SCHEMA_SHARE_WARNING` of
     its window: how much, and the fewest tools without which they would not."""
-    store = await Store.open(config.database_url(), config.storage.store_settings())
-    try:
-        settings = turn_settings(config, store)
-        kaiwa = assemble(
-            store,
-            model,
-            {},
-            settings,
-            access_rules(config),
-            features(config, servers),
-            max_message_chars=config.limits.max_message_chars,
-        )
-        lines = []
-        for window in windows:
-            agent = settings.agents.get(window.agent) or settings.agent
-            turn = OpenTurn(TurnRequest("check", f"check:{window.agent}", ""), agent)
-            offered = kaiwa.runner.parts.offered(agent, kaiwa.runner.parts.join(turn))
-            share = schema_share(offered.values(), window.tokens)
-            if share.share > SCHEMA_SHARE_WARNING:
-                lines.append(_crowded(window.agent, share))
-        return lines
-    finally:
-        await store.close()
+    settings = turn_settings(config, store)
+    kaiwa = assemble(
+        store,
+        model,
+        {},
+        settings,
+        access_rules(config),
+        features(config, servers),
+        max_message_chars=config.limits.max_message_chars,
+    )
+    lines = []
+    for window in windows:
+        agent = settings.agents.get(window.agent) or settings.agent
+        turn = OpenTurn(TurnRequest("check", f"check:{window.agent}", ""), agent)
+        offered = kaiwa.runner.parts.offered(agent, kaiwa.runner.parts.join(turn))
+        share = schema_share(offered.values(), window.tokens)
+        if share.share > SCHEMA_SHARE_WARNING:
+            lines.append(_crowded(window.agent, share))
+    return lines
 
 
 def _crowded(agent: str, share: SchemaShare) -> str:
@@ -100,29 +122,10 @@ def _crowded(agent: str, share: SchemaShare) -> str:
     )
 
 
-async def _store_problems(config: Config) -> list[str]:
-    """Whether the database opens and takes a write, as a start needs it to."""
-    try:
-        store = await Store.open(config.database_url(), config.storage.store_settings())
-    except StoreError as exc:
-        return [str(exc)]
-    try:
-        await store.ping()
-    except StoreError as exc:
-        return [f"the database does not take a write: {exc}"]
-    finally:
-        await store.close()
-    return []
-
-
-async def _tasks_line(config: Config) -> str:
+async def _tasks_line(config: Config, store: Store) -> str:
     if not config.schedule.enabled:
         return "off ([schedule].enabled = false)"
-    store = await Store.open(config.database_url(), config.storage.store_settings())
-    try:
-        return describe_tasks(await store.tasks())
-    finally:
-        await store.close()
+    return describe_tasks(await store.tasks())
 
 
 @dataclass(frozen=True)
