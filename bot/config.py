@@ -27,6 +27,7 @@ its path.
 import dataclasses
 import logging
 import os
+import re
 import tomllib
 import types
 import typing
@@ -69,6 +70,7 @@ PROBE_PATHS = {"/metrics", "/healthz", "/readyz"}
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 SLACK_MODES = ("socket", "http")
 THREAD_ARCHIVE_MINUTES = (60, 1440, 4320, 10080)  # the durations Discord accepts
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are Kaiwa, a helpful assistant in a chat. Answer plainly and briefly unless asked for "
@@ -196,7 +198,8 @@ class Config:
         )
 
     def secrets(self) -> list[str]:
-        """Values of every environment variable the config names as holding a secret."""
+        """Values of every environment variable the config names as holding a secret (an MCP
+        server's `env_from` and `headers_env` among them), kept out of the log."""
         slack = self.channels.slack
         names = [
             self.storage.database_url_env,
@@ -207,6 +210,8 @@ class Config:
             slack.signing_secret_env,
             self.channels.discord.token_env,
         ]
+        for server in self.mcp.values():
+            names += [*server.env_from, *server.headers_env.values()]
         return [os.environ[name] for name in names if os.environ.get(name)]
 
 
@@ -454,6 +459,31 @@ def _check_context(config: Config) -> None:
             )
 
 
+def _check_mcp_server(name: str, server: McpServerSettings) -> None:
+    if bool(server.command) == bool(server.url):
+        raise ConfigError(
+            f"'mcp.{name}' needs either command (a program speaking MCP on stdio) or url "
+            "(a streamable-HTTP endpoint), not both"
+        )
+    if server.url and (server.env or server.env_from):
+        raise ConfigError(
+            f"'mcp.{name}' is reached at a url, so env and env_from do not apply (they are a "
+            "command's environment): pass what it needs in headers_env"
+        )
+    for key, names in (("env", list(server.env)), ("env_from", server.env_from)):
+        for variable in names:
+            if not ENV_NAME.fullmatch(variable):
+                raise ConfigError(
+                    f"'mcp.{name}.{key}' names {variable!r}, which is not an environment "
+                    "variable's name (letters, digits and _, not starting with a digit)"
+                )
+    both = sorted(set(server.env) & set(server.env_from))
+    if both:
+        raise ConfigError(
+            f"'mcp.{name}' sets {both[0]} in both env and env_from: keep it in one of them"
+        )
+
+
 def _checked(config: Config) -> Config:
     """Rules that span keys or bound values; each failure names the key."""
     named = {"assistant.agent": config.assistant.agent}
@@ -534,11 +564,7 @@ def _checked(config: Config) -> Config:
             "off with enabled = false)"
         )
     for name, server in config.mcp.items():
-        if bool(server.command) == bool(server.url):
-            raise ConfigError(
-                f"'mcp.{name}' needs either command (a program speaking MCP on stdio) or url "
-                "(a streamable-HTTP endpoint), not both"
-            )
+        _check_mcp_server(name, server)
     _check_telegram_webhook(config.channels.telegram)
     _check_listeners(config)
     if config.memory.scope not in SCOPES:

@@ -1,6 +1,7 @@
 """The `kaiwa` command as a person runs it: a real process, the fake Ollama on 127.0.0.1."""
 
 import asyncio
+import json
 import re
 import signal
 import sys
@@ -11,7 +12,7 @@ import pytest
 from core.store import Store
 from tests.fakes.discord import BOT_TOKEN as DISCORD_TOKEN
 from tests.fakes.discord import FakeDiscord
-from tests.fakes.ollama import FakeOllama, HttpError, Pause, Text
+from tests.fakes.ollama import FakeOllama, HttpError, Pause, Text, ToolCall
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 from tests.ports import free_port
@@ -416,22 +417,86 @@ async def test_an_unknown_critic_tool_is_a_configuration_error(
     assert "'web'" in err and "fetch_url" in err
 
 
-async def test_check_lists_each_mcp_server_with_its_tools(
-    ollama: FakeOllama, tmp_path: Path
-) -> None:
-    config = write_config(tmp_path, ollama.url)
+def with_fake_mcp_server(config: Path, table: str = "") -> Path:
+    """`config` with the fake MCP server as `[mcp.fake]`, `table`'s lines added to its table."""
     config.write_text(
         config.read_text()
         + f'\n[mcp.fake]\ncommand = "{sys.executable}"\n'
         + 'args = ["-m", "tests.fakes.mcp_server", "stdio"]\n'
+        + table
     )
-    code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
+    return config
+
+
+async def test_check_lists_each_mcp_server_with_its_tools_and_the_variables_it_gets(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """The names of the variables a server starts with are listed, never their values."""
+    table = 'env = { LOG_LEVEL = "debug" }\nenv_from = ["TICKETS_TOKEN"]\n'
+    config = with_fake_mcp_server(write_config(tmp_path, ollama.url), table)
+    process = await kaiwa("--config", str(config), "check", env={"TICKETS_TOKEN": "t-42"})
+    code, out, _ = await finish(process)
     assert code == 0
     listed = (
-        "fake.add, fake.crash, fake.fail, fake.file_ticket, fake.hang, fake.log, fake.picture, "
-        "fake.pid, fake.resources, fake.shout"
+        "fake.add, fake.crash, fake.environment, fake.fail, fake.file_ticket, fake.hang, "
+        "fake.log, fake.picture, fake.pid, fake.resources, fake.shout"
     )
-    assert out.endswith(f"mcp: fake: 10 tools ({listed})\n")
+    (line,) = [line for line in out.splitlines() if line.startswith("mcp: fake: ")]
+    tools, _, variables = line.partition("; gets the variables ")
+    assert tools == f"mcp: fake: 11 tools ({listed})"
+    assert {"LOG_LEVEL", "TICKETS_TOKEN", "PATH"} <= set(variables.split(", "))
+    assert "t-42" not in out and "debug" not in out
+
+
+async def test_check_names_a_variable_env_from_wants_that_is_not_set(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    config = with_fake_mcp_server(
+        write_config(tmp_path, ollama.url), 'env_from = ["TICKETS_TOKEN"]\n'
+    )
+    code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
+    assert code == 1
+    assert (
+        "problem: [mcp.fake].env_from names TICKETS_TOKEN, which is not set in Kaiwa's "
+        "environment, so the server starts without it: export TICKETS_TOKEN before starting "
+        "Kaiwa, or take it out of env_from\n"
+    ) in out
+
+
+async def test_an_mcp_server_kaiwa_starts_sees_none_of_the_operators_variables(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """Regression (issue 33): the real process handed every stdio MCP server its whole
+    environment. The fake server's `environment` tool returns what it was given, and the
+    model's next request carries that result."""
+    config = write_config(tmp_path, ollama.url)
+    config.write_text(
+        config.read_text().replace(
+            "[agents.assistant]\n", '[agents.assistant]\ntools = ["fake.environment"]\n'
+        )
+    )
+    with_fake_mcp_server(config, 'env_from = ["TICKETS_TOKEN"]\n')
+    ollama.script(ToolCall("fake.environment", {}))
+    ollama.script(Text("It has what it needs."))
+    operator = {
+        "KAIWA_SLACK_SIGNING_SECRET": "slack-secret",
+        "OPERATOR_PASSWORD": "hunter2",
+        "TICKETS_TOKEN": "t-42",
+    }
+    process = await kaiwa("--config", str(config), stdin=asyncio.subprocess.PIPE, env=operator)
+    assert process.stdin is not None
+    await read_until(process, READY)
+    process.stdin.write(b"what does the server see?\n")
+    await read_until(process, "It has what it needs.")
+    process.stdin.close()
+    code, _, err = await finish(process)
+
+    assert code == 0, err
+    (result,) = [m for m in ollama.requests[1]["messages"] if m["role"] == "tool"]
+    seen = json.loads(result["content"])
+    assert seen["TICKETS_TOKEN"] == "t-42" and "PATH" in seen
+    assert not {"KAIWA_SLACK_SIGNING_SECRET", "OPERATOR_PASSWORD", "KAIWA_CONFIG"} & set(seen)
+    assert not [name for name in seen if name.startswith(("KAIWA_", "PYTEST", "VIRTUAL_ENV"))]
 
 
 async def test_check_fails_naming_each_mcp_server_that_cannot_start_and_why(

@@ -101,6 +101,50 @@ def test_database_url_comes_from_the_named_variable(
     assert config.secrets() == ["postgresql+psycopg://kaiwa:hunter2@db/kaiwa"]
 
 
+def test_an_mcp_servers_env_from_and_header_variables_are_secrets_kept_from_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FILES_TOKEN", "files-secret")
+    monkeypatch.setenv("TICKETS_TOKEN", "tickets-secret")
+    config = load_config(
+        write(
+            tmp_path,
+            '[mcp.files]\ncommand = "files-server"\nenv = { LOG_LEVEL = "debug" }\n'
+            'env_from = ["FILES_TOKEN"]\n'
+            '[mcp.tickets]\nurl = "http://127.0.0.1:9/mcp"\n'
+            'headers_env = { Authorization = "TICKETS_TOKEN" }\n',
+        )
+    )
+    assert sorted(config.secrets()) == ["files-secret", "tickets-secret"]
+
+
+@pytest.mark.parametrize(
+    ("table", "error"),
+    [
+        (
+            'url = "http://127.0.0.1:9/mcp"\nenv_from = ["TOKEN"]\n',
+            "'mcp.x' is reached at a url, so env and env_from do not apply (they are a "
+            "command's environment): pass what it needs in headers_env",
+        ),
+        (
+            'command = "x"\nenv_from = ["MY TOKEN"]\n',
+            "'mcp.x.env_from' names 'MY TOKEN', which is not an environment variable's name "
+            "(letters, digits and _, not starting with a digit)",
+        ),
+        (
+            'command = "x"\nenv = { TOKEN = "a" }\nenv_from = ["TOKEN"]\n',
+            "'mcp.x' sets TOKEN in both env and env_from: keep it in one of them",
+        ),
+    ],
+)
+def test_an_mcp_servers_environment_mistakes_are_named(
+    tmp_path: Path, table: str, error: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(tmp_path, f"[mcp.x]\n{table}"))
+    assert str(raised.value) == error
+
+
 # -- agent profiles --------------------------------------------------------------------------
 
 RESEARCHER = """---

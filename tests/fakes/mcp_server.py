@@ -10,12 +10,15 @@ SIGTERM it says `STOPPED` on stderr and exits). Two tools have the arguments Pyt
 give: `log(max_count, start_timestamp, since)`, optional and constrained ones (`anyOf`,
 `default`, `minimum`, `maximum`, `format`), and `file_ticket(ticket, place)`, objects nested
 through `$defs` and written inline.
-`crash` first writes a file named by `KAIWA_FAKE_MCP_CRASHED` if set, so a test knows it ran.
+`crash` first writes a file named by `KAIWA_FAKE_MCP_CRASHED` if set (a variable its server's
+`env_from` must name), so a test knows it ran. `environment()` returns the server's whole
+environment as JSON, as a server that reports or logs it would.
 """
 
 import argparse
 import asyncio
 import base64
+import json
 import os
 import signal
 import socket
@@ -140,6 +143,11 @@ def server(port: int = 0) -> FastMCP:
             with open(marker, "w") as written:
                 written.write("crashed")
         os._exit(1)
+
+    @fake.tool()
+    def environment() -> str:
+        """The server's environment variables and their values."""
+        return json.dumps(dict(os.environ), sort_keys=True)
 
     @fake.tool()
     def pid() -> int:

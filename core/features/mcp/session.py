@@ -151,7 +151,7 @@ class McpServer:
         async with contextlib.AsyncExitStack() as stack:
             if settings.command:
                 parameters = StdioServerParameters(
-                    command=settings.command, args=list(settings.args), env=dict(os.environ)
+                    command=settings.command, args=list(settings.args), env=settings.environment()
                 )
                 streams = await stack.enter_async_context(link.spawning(parameters))
             else:

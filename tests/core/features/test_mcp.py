@@ -6,6 +6,8 @@ and the server started again. Handshakes: the server's `connected` event, a paus
 (`HeldPause`: the supervisor reached it once it noticed an exit), the fake model's script."""
 
 import asyncio
+import dataclasses
+import json
 import logging
 import os
 import signal
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 
 from core.agent.profile import AgentProfile
-from core.features.mcp.servers import McpServers, McpServerSettings
+from core.features.mcp.servers import INHERITED_VARIABLES, McpServers, McpServerSettings
 from core.features.subagents.runs import SubagentSettings
 from tests.fakes.mcp_server import STOPPED
 from tests.fakes.ollama import Text, ToolCall
@@ -170,7 +172,8 @@ async def test_a_server_that_cannot_start_says_why_and_its_tools_are_absent(
     finally:
         await servers.close()
 
-    assert described == []
+    (line,) = described
+    assert line.startswith("gone: gets the variables ") and "tools" not in line
     assert problem == (
         "MCP server gone does not start: FileNotFoundError: [Errno 2] No such file or "
         "directory: '/nonexistent/mcp-server'; check [mcp.gone].command and args (run the "
@@ -402,4 +405,38 @@ async def test_a_server_that_cannot_start_says_its_own_last_words() -> None:
     assert problems == [
         "MCP server gone does not start: it exited: no API key: set FAKE_KEY; check "
         "[mcp.gone].command and args (run the command by hand to see its error)"
+    ]
+
+
+async def test_a_stdio_server_gets_none_of_kaiwas_environment_but_what_its_table_names(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression (issue 33): every stdio server was started with Kaiwa's whole environment
+    (`env=dict(os.environ)`), so a server that reports or logs it had the channel tokens and
+    the database's password. It gets the inherited basics, `env` and `env_from`, and no more;
+    a name `env_from` gives that is not set is said in the log."""
+    monkeypatch.setenv("KAIWA_TELEGRAM_TOKEN", "123:telegram-secret")
+    monkeypatch.setenv("KAIWA_DATABASE_URL", "postgresql://kaiwa:hunter2@db/kaiwa")
+    monkeypatch.setenv("TICKETS_TOKEN", "tickets-42")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.delenv("NOT_EXPORTED", raising=False)
+    settings = dataclasses.replace(
+        STDIO, env={"LOG_LEVEL": "debug"}, env_from=["TICKETS_TOKEN", "NOT_EXPORTED"]
+    )
+    servers = McpServers({"fake": settings})
+    with caplog.at_level(logging.WARNING, logger="core.features.mcp.servers"):
+        await servers.start()
+    try:
+        seen = json.loads(await servers.servers[0].call("environment", {}))
+    finally:
+        await servers.close()
+
+    assert set(seen) <= {*INHERITED_VARIABLES, "LOG_LEVEL", "TICKETS_TOKEN"}, sorted(seen)
+    assert (seen["LOG_LEVEL"], seen["TICKETS_TOKEN"]) == ("debug", "tickets-42")
+    assert (seen["PATH"], seen["LANG"]) == (os.environ["PATH"], "C.UTF-8")
+    assert "telegram-secret" not in json.dumps(seen) and "hunter2" not in json.dumps(seen)
+    assert caplog.messages == [
+        "[mcp.fake].env_from names NOT_EXPORTED, which is not set in Kaiwa's environment, so "
+        "the server starts without it: export NOT_EXPORTED before starting Kaiwa, or take it "
+        "out of env_from"
     ]
