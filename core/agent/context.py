@@ -11,6 +11,11 @@ Why it is shaped this way:
   (`Compactor`), only at a safe point: before a model call, when every tool call has its result.
   The cut never falls on a tool result, so a call and its result stay together. If the summary
   cannot be written, the oldest messages are dropped instead: never an overflow.
+- The message that opened a loop's run (the person's, a scheduled task's, a sub-agent's task, a
+  plan step's instruction: `fit`'s `opening`) and everything after it are never summarized: a
+  summary sits in the system message, before every kept message, so folding in the question
+  would leave the model a request with no question in it. They are shortened instead (below),
+  or the turn ends with a refusal that says so.
 - No request of any kind (a chat call, a nudged one, the wrap-up call without tools, a summary
   call) goes out larger than the window with its answer's room. When one would, whose message
   is too large decides, before any summary is asked for (a compaction cannot shorten the
@@ -41,7 +46,14 @@ from typing import Any, Protocol
 from core.agent.messages import Usage
 from core.agent.model import StatusCallback
 from core.agent.profile import AgentProfile
-from core.agent.shortening import NoSummary, Summarizer, SummaryModel, cut_to_fit, named
+from core.agent.shortening import (
+    NoSummary,
+    Summarizer,
+    SummaryModel,
+    at_shortest,
+    cut_to_fit,
+    named,
+)
 from core.agent.tools import Tool
 from core.errors import KaiwaError, ModelError
 from core.text import plural
@@ -296,16 +308,20 @@ class Compactor:
         extra: Sequence[dict[str, Any]] = (),
         tools: Sequence[dict[str, Any]] = (),
         on_status: StatusCallback = lambda _: None,
+        *,
+        opening: dict[str, Any] | None = None,
     ) -> None:
         """Before a model call (a safe point): make the request (`messages` + `extra`, with
         `tools`) fit the window with the answer's room. Past the threshold, first the messages
-        no compaction can remove are made to fit (tool results and calls shortened) or refused
+        no compaction can remove (from `opening`, the message that opened the run, on; at least
+        the latest) are made to fit (tool results and calls shortened) or refused
         (`ContextOverflow`, before any summary is asked for), then older messages are compacted
         in place. Then the request's size is remembered for calibration."""
         if self._size(messages, extra, tools) > self._limit():
-            self._make_room(messages, extra, tools)
+            kept_from = _index_of(messages, opening)
+            self._make_room(messages, extra, tools, kept_from)
             if self._size(messages, extra, tools) > self._limit():
-                await self.compact(messages, extra, tools, on_status=on_status)
+                await self.compact(messages, extra, tools, on_status=on_status, kept_from=kept_from)
                 needed = self._size(messages, extra, tools) + self.settings.answer_reserve
                 if needed > self.settings.window:
                     raise self._overflow(needed)
@@ -323,16 +339,18 @@ class Compactor:
         *,
         on_status: StatusCallback = lambda _: None,
         keep_tokens: float | None = None,
+        kept_from: int | None = None,
     ) -> Compaction | None:
         """Replace the older messages by a summary, keeping the most recent ones that fit in
-        `keep_tokens` (by default a share of the window; at least the latest message); None if
-        there is nothing older to replace. The summary is at most `SUMMARY_SHARE` of the window,
-        less if the kept messages leave less room. `on_compacted` hears of it before
-        `messages` changes (its indexes are still those of the list it was given)."""
+        `keep_tokens` (by default a share of the window; at least the latest message, and every
+        message from `kept_from` on); None if there is nothing older to replace. The summary is
+        at most `SUMMARY_SHARE` of the window, less if the kept messages leave less room.
+        `on_compacted` hears of it before `messages` changes (its indexes are still those of
+        the list it was given)."""
         start = 1
         if keep_tokens is None:
             keep_tokens = self._limit() * KEEP_SHARE - self._size([messages[0]], extra, tools)
-        first_kept = self._first_kept(messages, start, keep_tokens)
+        first_kept = self._first_kept(messages, start, keep_tokens, kept_from)
         if first_kept <= start:
             return None
         prompt, earlier = prompt_and_summary(messages[0])
@@ -371,9 +389,16 @@ class Compactor:
         window = self.settings.window
         return min(window * self.settings.compact_at, window - self.settings.answer_reserve)
 
-    def _first_kept(self, messages: Sequence[dict[str, Any]], start: int, budget: float) -> int:
-        """The earliest message from which the rest fits `budget` tokens; the cut never falls
-        on a tool result. The last possible cut if even the rest is too big."""
+    def _first_kept(
+        self,
+        messages: Sequence[dict[str, Any]],
+        start: int,
+        budget: float,
+        kept_from: int | None = None,
+    ) -> int:
+        """The earliest message from which the rest fits `budget` tokens, and never later than
+        `kept_from`; the cut never falls on a tool result. The last possible cut if even the
+        rest is too big."""
         kept = 0.0
         first_kept = len(messages)
         for index in range(len(messages) - 1, start - 1, -1):
@@ -383,19 +408,20 @@ class Compactor:
             if kept > budget and first_kept < len(messages):
                 break
             first_kept = index
-        return first_kept
+        return first_kept if kept_from is None else min(first_kept, kept_from)
 
     def _make_room(
         self,
         messages: list[dict[str, Any]],
         extra: Sequence[dict[str, Any]],
         tools: Sequence[dict[str, Any]],
+        kept_from: int | None,
     ) -> None:
-        """Make the messages from the last possible cut on (which every compaction keeps) fit
-        beside the system prompt, `extra`, the tools and the answer's reserve, with room left
-        for a summary of any older ones: tool results and calls there are shortened in place;
-        a message that cannot fit otherwise is refused."""
-        start = self._first_kept(messages, 1, 0)
+        """Make the messages from the last possible cut on (which every compaction keeps: the
+        latest, and all from `kept_from`) fit beside the system prompt, `extra`, the tools and
+        the answer's reserve, with room left for a summary of any older ones: tool results and
+        calls there are shortened in place; messages that cannot fit otherwise are refused."""
+        start = self._first_kept(messages, 1, 0, kept_from)
         prompt, earlier = prompt_and_summary(messages[0])
         fixed = self._size([system_message(prompt)], extra, tools)
         room = self.settings.window - self.settings.answer_reserve - fixed
@@ -460,20 +486,37 @@ class Compactor:
         self, kept: Sequence[dict[str, Any]], fixed: int, tools: Sequence[dict[str, Any]]
     ) -> ContextOverflow:
         """Why the messages every compaction keeps (`kept`) cannot fit, naming whose they are:
-        theirs if the largest takes more than half of what the window leaves beside the
-        answer's reserve, else the system prompt's and the tools'."""
+        the largest's if, as short as it can be made, it takes more than half of what the window
+        leaves beside the answer's reserve; the system prompt's and the tools' if they do; else
+        the run's messages together (a question and the many tool calls after it)."""
         window, reserve = self.settings.window, self.settings.answer_reserve
         setting = self.settings.setting
         schemas = _schemas_hint(_schema_share(tools, window))
-        largest = max(kept, key=lambda message: self._size([message]), default={})
-        if self._size([largest]) * 2 <= window - reserve:
+        shortest = at_shortest(kept, self._text_size, window)
+        index = max(range(len(kept)), key=lambda each: self._size([shortest[each]]), default=0)
+        largest = kept[index] if kept else {}
+        if self._size(shortest[index : index + 1]) * 2 > window - reserve:
+            return self._too_large(largest, fixed + self._size(kept) + reserve, schemas)
+        if fixed * 2 > window - reserve or len(kept) < 2:
             return ContextOverflow(
                 f"the system prompt and the tools' schemas take about {fixed:,} tokens, and with "
                 f"{reserve:,} kept for the answer they leave too little room for the messages "
                 f"of this request in the model's {window:,}-token context window: raise "
                 f"{setting}{schemas}"
             )
-        needed = fixed + self._size(kept) + reserve
+        calls = sum(len(message.get("tool_calls") or ()) for message in kept)
+        return ContextOverflow(
+            f"{self._author.whose} and the {calls:,} tool {plural(calls, 'call')} since, with "
+            f"their results, need about {self._size(shortest):,} tokens even with each result "
+            f"shortened, more than the model's {window:,}-token context window holds beside "
+            f"the system prompt, the tools and {reserve:,} kept for the answer: ask for less "
+            f"at once, or raise {setting}{schemas}"
+        )
+
+    def _too_large(self, largest: dict[str, Any], needed: int, schemas: str) -> ContextOverflow:
+        """One message too large for the window, even as short as it can be made."""
+        window, reserve = self.settings.window, self.settings.answer_reserve
+        setting = self.settings.setting
         if largest.get("role") == "user":
             return ContextOverflow(
                 f"{self._author.whose} is about {self._size([largest]):,} tokens, and with the "
@@ -494,6 +537,11 @@ class Compactor:
             f"({self.settings.answer_reserve:,} of them kept for the answer): raise "
             f"{self.settings.setting}"
         )
+
+
+def _index_of(messages: Sequence[dict[str, Any]], message: dict[str, Any] | None) -> int | None:
+    """Where `message` itself (not an equal one) is in `messages`; None if it is not there."""
+    return next((index for index, each in enumerate(messages) if each is message), None)
 
 
 def _schemas_hint(share: SchemaShare) -> str:

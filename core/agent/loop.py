@@ -133,11 +133,14 @@ class AgentLoop:
         self._context = context
         self._inbox = inbox
         self._call_count = 0
+        self._opening: dict[str, Any] | None = None
+        """The message that opened the run: it and all after it are never summarized."""
 
     async def run(self, messages: list[dict[str, Any]]) -> LoopResult:
         """Run until the model answers; `messages` gains every message the turn produces."""
         extra: list[dict[str, Any]] = []
         tools_pending = False
+        self._opening = messages[-1]
         for model_calls in range(1, self._settings.max_iterations + 1):
             message = await self._call_model(messages, extra, with_tools=True)
             extra = []
@@ -183,7 +186,7 @@ class AgentLoop:
         if self._inbox is not None:
             messages.extend({"role": "user", "content": note} for note in self._inbox())
         if self._context is not None:
-            await self._context.fit(messages, extra, schemas, self._status)
+            await self._context.fit(messages, extra, schemas, self._status, opening=self._opening)
         started = time.monotonic()
         try:
             reply = await self._model.chat(

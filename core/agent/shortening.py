@@ -196,6 +196,13 @@ def cut_to_fit(
     return _cut(messages, low, tokens, window)
 
 
+def at_shortest(
+    messages: Sequence[dict[str, Any]], tokens: Callable[[str], int], window: int
+) -> list[dict[str, Any]]:
+    """`messages` as short as `cut_to_fit` ever makes them (`SHORTEST_PIECE`)."""
+    return _cut(messages, SHORTEST_PIECE, tokens, window)
+
+
 def _cut(
     messages: Sequence[dict[str, Any]], chars: int, tokens: Callable[[str], int], window: int
 ) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from core.dispatch.recovery import Recovery, leftovers
 from core.features.schedule.timing import ScheduleSettings, When
 from core.store.tables import Plan
 from core.turns.turn import Provenance, TurnRequest
+from tests.core.agent.test_context import save_file
 from tests.core.features.test_schedule import Clock
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import ErrorLine, HttpError, Pause, Text, ToolCall
@@ -748,3 +749,40 @@ async def test_invariant_7_shutdown_stores_a_running_plan_as_stopped(make_bot: B
     assert plan.status == "stopped"
     assert (plan.steps[0]["status"], plan.steps[0]["result"]) == ("stopped", "Half")
     assert (await bot.turns())[-1].stop_reason == "shutdown"
+
+
+async def test_a_steps_compaction_never_summarizes_the_steps_own_instruction(
+    make_bot: BotFactory,
+) -> None:
+    """Regression (issue 33): a step's large tool call in a small window had the compaction
+    before the step's next call fold the step's instruction into the summary, so the model
+    went on from a request that no longer said which step it was on."""
+    notes = "".join(f"note {n}: the hotel, the train and the museum tickets;\n" for n in range(36))
+    filler = "Here is some more about the trip, with its dates, names and numbers. " * 4
+    bot = planner(make_bot, tools=[save_file], context_window=2048)
+    bot.ollama.count_prompts = True
+    for number in range(3):
+        bot.ollama.script(Text(f"Noted, part {number}. " + filler))
+        await bot.send(f"Part {number} of my notes. {filler}")
+        await bot.channel.finished(number + 1)
+    bot.ollama.script(draft("Save the notes to notes.txt"))
+    bot.ollama.script(verdict(True))
+    bot.ollama.script(ToolCall("save_file", {"path": "notes.txt", "content": notes}))
+    bot.ollama.script(Text("Saved the notes."))
+    bot.ollama.script(Text("Done: the notes are saved."))
+    bot.ollama.without_tools = [Text("The person shared travel notes in three parts.")]
+
+    await bot.send("/plan save my travel notes")
+    reply = (await bot.channel.finished(4))[-1]
+
+    assert reply.outcome is Outcome.DONE
+    after_the_call = [
+        request["messages"]
+        for request in bot.ollama.requests
+        if request.get("tools") and request["messages"][-1]["role"] == "tool"
+    ]
+    assert after_the_call, "the step's second call came"
+    step = after_the_call[-1]
+    assert step[-3]["role"] == "user" and "Step 1 of 1: Save the notes" in step[-3]["content"]
+    assert "Step 1 of 1" not in step[0]["content"]
+    assert all(not prompt.overflows for prompt in bot.ollama.prompts)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.agent.context import Calibration, Compaction, Compactor, ContextSettings
+from core.agent.context import Author, Calibration, Compaction, Compactor, ContextSettings
 from core.agent.loop import AgentLoop, ChatModel, LoopSettings
 from core.agent.messages import AssistantMessage, ToolCall, ToolResult, Usage
 from core.agent.profile import AgentProfile
@@ -38,6 +38,8 @@ REPORT_RULE = (
     "\n\nYou are a sub-agent working on one task for another agent. When you are done, or cannot "
     "go further, call `report` once with a short summary of what you found; that ends your work."
 )
+TASK_AUTHOR = Author("this sub-agent's task", "hand it a smaller task")
+"""Whose message opens a run's requests, as a refusal of it says."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,9 @@ async def work(run: Run, profile: AgentProfile, tools: dict[str, Tool], bench: W
                 tool_grace=bench.tool_grace,
                 background=True,
             ),
-            Compactor(bench.model, profile.model, context, Calibration(), _no_record),
+            Compactor(
+                bench.model, profile.model, context, Calibration(), _no_record, author=TASK_AUTHOR
+            ),
             inbox=lambda: sink.noted(_read(run)),
         )
         unattended = ToolContext(run.platform, run.place, None, "subagent", granted=run.granted)

@@ -420,3 +420,57 @@ def test_the_share_of_the_window_the_tools_schemas_take() -> None:
     left = share.tokens - sum(sizes[name] for name in dropped)
     assert left <= 2048 / 4 < left + sizes[dropped[-1]]
     assert schema_share(tools, 65536).to_drop() == ()
+
+
+NOTES = "".join(f"note {n}: the hotel, the train and the museum tickets;\n" for n in range(24))
+"""About 1,300 characters: some 450 tokens by the fake's count, a third of what the window
+leaves beside the answer's reserve."""
+
+
+async def test_a_compaction_inside_a_turn_never_summarizes_the_turns_own_question(
+    make_bot: BotFactory,
+) -> None:
+    """Regression (issue 33): with a small window and a large tool call, the compaction before
+    the model's next call kept only the call and its result and folded the person's message
+    into the summary: the model was asked to go on from a request with no question in it."""
+    bot = long_bot(make_bot, tools=[save_file])
+    await chat(bot, 3)
+    question = "Save my travel notes to notes.txt, then tell me what is still missing."
+    bot.ollama.script(ToolCall("save_file", {"path": "notes.txt", "content": NOTES}))
+    bot.ollama.script(Text("Saved; the museum tickets are still missing."))
+    await bot.send(question)
+    await bot.channel.finished(4)
+
+    assert await compactions(bot), "the turn's second call needed a compaction"
+    after_the_call = chat_requests(bot)[-1]["messages"]
+    assert [m["role"] for m in after_the_call[-3:]] == ["user", "assistant", "tool"]
+    assert after_the_call[-3]["content"] == question
+    assert question not in after_the_call[0]["content"]
+    assert_every_request_fits(bot.ollama)
+
+
+async def test_a_turn_whose_own_messages_cannot_fit_even_shortened_ends_with_the_refusal(
+    make_bot: BotFactory,
+) -> None:
+    """A turn's messages are never summarized: when even their shortened results no longer fit
+    beside the answer's reserve, the turn ends with a refusal that says so, every request up to
+    it fitting and carrying the question; what the tools returned stays stored whole."""
+    bot = long_bot(make_bot, tools=[read_log], max_iterations=12)
+    await chat(bot, 2)
+    question = "Read the log again and again until you find the slow request."
+    for _ in range(12):
+        bot.ollama.script(ToolCall("read_log", {}))
+    await bot.send(question)
+    reply = (await bot.channel.finished(3))[-1]
+
+    assert reply.outcome is Outcome.FAILED and reply.note is not None
+    assert reply.note.startswith("your message and the ")
+    assert "tool calls since, with their results, need about " in reply.note
+    assert "ask for less at once, or raise [agents.assistant].context_window" in reply.note
+    assert_every_request_fits(bot.ollama)
+    turn_requests = [r for r in chat_requests(bot) if question in str(r["messages"][1:])]
+    assert len(turn_requests) > 2
+    for request in turn_requests:
+        assert question not in request["messages"][0]["content"]
+    stored = [row.text for row in await bot.history() if row.role == "tool"]
+    assert stored and set(stored) == {read_log.function()}

@@ -537,3 +537,35 @@ async def test_a_run_has_at_most_its_profiles_model_calls_under_the_global_cap(
     ran = [r for r in bot.ollama.requests if "You research" in str(r["messages"][0])]
     assert len(ran) == 2, "one call, then the wrap-up without tools"
     assert "tools" not in ran[-1] or not ran[-1]["tools"]
+
+
+async def test_a_runs_compaction_never_summarizes_its_task_message(make_bot: BotFactory) -> None:
+    """Regression (issue 33): in a small window, a sub-agent's large tool call and its result
+    had the compaction before its next call fold the task message into the summary, so the run
+    went on from a request with no task in it. The task and what follows it are kept (tool
+    results shortened instead)."""
+    notes = "".join(f"note {n}: the hotel, the train and the museum tickets;\n" for n in range(48))
+    small = replace(RESEARCHER, context_window=2048)
+    bot = make_bot(agents={"researcher": small}, delegates_to=("researcher",), subagents=QUIET)
+    bot.ollama.count_prompts = True
+    instruction = "collect the travel notes and say what is missing. " + "Check each booking. " * 45
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task(instruction)]}))
+    bot.ollama.script(Text("A helper is on it."))
+    bot.ollama.script_for("travel", ToolCall("echo", {"word": notes}))
+    bot.ollama.script_for("travel", reports("Tickets missing."))
+    bot.ollama.script(Text("The museum tickets are missing."))
+
+    await bot.send("what is missing from my notes?")
+    await bot.channel.finished()
+    await finished(bot, "a1")
+    await bot.channel.finished(2)
+
+    runs = [r for r in bot.ollama.requests if small.system_prompt in r["messages"][0]["content"]]
+    after_the_call = [r for r in runs if r["messages"][-1]["role"] == "tool"]
+    assert after_the_call, "the run's second call came"
+    for request in after_the_call:
+        users = [m["content"] for m in request["messages"] if m["role"] == "user"]
+        assert any(instruction in text for text in users), request["messages"]
+        assert instruction not in request["messages"][0]["content"]
+        assert request["options"]["num_ctx"] == 2048
+    assert all(not prompt.overflows for prompt in bot.ollama.prompts)
