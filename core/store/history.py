@@ -5,9 +5,10 @@ have no results (killed while a tool ran), or a reply cut off mid-sentence. Sent
 is a malformed request (every tool call needs its result) and the second reads as a complete
 answer. So whenever history is built, each tool call without a stored result gets one that says
 it was interrupted, in the order the model asked for the calls, and an assistant message cut
-short ends with a short marker saying how (stopped, failed, interrupted). What is stored is not
-changed here; start-up recovery (`core.dispatch.recovery`) stores the same repairs for turns it
-resolves.
+short ends with a short marker saying why it ended: the person stopped it, Kaiwa was shut down
+(a SIGTERM stops every reply, and nobody should read that as the person's wish), an error, a kill
+(Kaiwa restarted), the output limit. What is stored is not changed here; start-up recovery
+(`core.dispatch.recovery`) stores the same repairs for turns it resolves.
 
 The texts are a contract with the model: they say what happened and what not to do next.
 """
@@ -17,8 +18,14 @@ from typing import Any
 
 from core.store.tables import Message
 
+SHUTDOWN = "shutdown"
+"""The stop reason of a turn stopped because Kaiwa was shut down, and its ending's name."""
 CUT_OFF = {
     "stopped": "[This reply was cut off here: the person stopped it.]",
+    SHUTDOWN: (
+        "[This reply was cut off here: Kaiwa shut down while writing it (the whole program was "
+        "stopped or restarted; nobody asked to stop this reply).]"
+    ),
     "failed": "[This reply was cut off here by an error.]",
     "interrupted": "[This reply was cut off here: Kaiwa restarted.]",
     "cut": "[This reply was cut off here: it reached the output length limit.]",
@@ -37,9 +44,9 @@ def history_wire(
     rows: Sequence[Message], endings: Mapping[int, str] | None = None
 ) -> list[dict[str, Any]]:
     """`rows` (a conversation's messages, in order) in the shape Ollama's chat endpoint takes.
-    `endings` maps a turn to how it ended (`done`, `stopped`, `failed`, `interrupted`, `cut`,
-    or `running` while it runs); a partial message of a turn not known to have stopped, failed
-    or been cut counts as interrupted."""
+    `endings` maps a turn to how it ended (`ending_of`: `done`, `stopped`, `shutdown`, `failed`,
+    `interrupted`, `cut`, or `running` while it runs); a partial message of a turn not known to
+    have stopped, failed or been cut counts as interrupted."""
     return [wire for wire, _ in history_entries(rows, endings)]
 
 
@@ -81,7 +88,10 @@ def message_wire(row: Message, ending: str | None = None) -> dict[str, Any]:
     """One stored message in the wire shape; a partial one carries its cut-off marker."""
     content = row.text
     if row.role == "assistant" and row.partial:
-        how = "stopped" if row.stopped else ending if ending in CUT_OFF else "interrupted"
+        if row.stopped:
+            how = SHUTDOWN if ending == SHUTDOWN else "stopped"
+        else:
+            how = ending if ending in CUT_OFF else "interrupted"
         content = f"{content}\n\n{CUT_OFF[how]}" if content else CUT_OFF[how]
     wire: dict[str, Any] = {"role": row.role, "content": content}
     if row.tool_calls:
@@ -92,6 +102,12 @@ def message_wire(row: Message, ending: str | None = None) -> dict[str, Any]:
     if row.role == "tool" and row.tool_name:
         wire["tool_name"] = row.tool_name
     return wire
+
+
+def ending_of(status: str, stop_reason: str | None) -> str:
+    """How a turn ended, as its replies' markers tell it: its status, but `shutdown` for a turn
+    stopped by a shutdown rather than by a person."""
+    return SHUTDOWN if status == "stopped" and stop_reason == SHUTDOWN else status
 
 
 def interrupted_result(name: str) -> dict[str, Any]:

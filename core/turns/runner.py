@@ -71,6 +71,7 @@ from core.channel import Channel, Outcome, Reply
 from core.errors import KaiwaError
 from core.metrics import QUEUED_MESSAGES
 from core.store import StartedTurn, Store, not_awaited
+from core.store.history import SHUTDOWN
 from core.text import parse_command
 from core.turns.body import CHAT, BodyTurn, TurnBody
 from core.turns.conversations import Conversation, Conversations, LiveTurn
@@ -230,8 +231,8 @@ class TurnRunner:
         queued = 0
         for turn in live:
             if turn in turn.conversation.waiting:
-                queued += self._drop_waiting(turn.conversation, reason="shutdown")
-        running = sum(turn.stop("shutdown") for turn in live if turn.conversation.running is turn)
+                queued += self._drop_waiting(turn.conversation, reason=SHUTDOWN)
+        running = sum(turn.stop(SHUTDOWN) for turn in live if turn.conversation.running is turn)
         if live:
             tasks = [turn.task for turn in live]
             _, stuck = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_SECONDS)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.store import Store
+from core.store.history import CUT_OFF, SHUTDOWN
 from tests.fakes.discord import BOT_TOKEN as DISCORD_TOKEN
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.ollama import FakeOllama, HttpError, Pause, Text, ToolCall
@@ -214,6 +215,38 @@ async def test_ctrl_c_stops_the_live_turn_and_keeps_its_text(
         assert (turn.status, turn.stop_reason) == ("stopped", "shutdown")
     finally:
         await store.close()
+
+
+async def test_a_reply_cut_by_sigterm_reads_to_the_model_as_a_shutdown_not_a_stop(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """Regression (issue 33): after SIGTERM the partial reply is stored `stopped`, and the next
+    start's request told the model that the person had stopped it. The person's view is the
+    same either way: the reply shows "(stopped)"."""
+    ollama.script(Text("Half an answer"), Pause("forever"), Text(" never"))
+    ollama.script(Text("Here is the whole answer."))
+    config = write_config(tmp_path, ollama.url)
+    first = await kaiwa("--config", str(config), stdin=asyncio.subprocess.PIPE)
+    assert first.stdin is not None
+    await read_until(first, READY)
+    first.stdin.write(b"talk\n")
+    await read_until(first, "Half an answer")
+    first.send_signal(signal.SIGTERM)
+    code, out, err = await finish(first)
+    assert code == 0, err
+    assert "(stopped)" in out
+
+    second = await kaiwa("--config", str(config), stdin=asyncio.subprocess.PIPE)
+    assert second.stdin is not None
+    await read_until(second, READY)
+    second.stdin.write(b"go on\n")
+    await read_until(second, "Here is the whole answer.")
+    second.stdin.close()
+    code, _, err = await finish(second)
+
+    assert code == 0, err
+    told = [m["content"] for m in ollama.requests[-1]["messages"] if m["role"] == "assistant"]
+    assert told == [f"Half an answer\n\n{CUT_OFF[SHUTDOWN]}"]
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])

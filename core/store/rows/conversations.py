@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Executable, bindparam, func, select
 
 from core.store.base import StoreBase
+from core.store.history import ending_of
 from core.store.rows.compactions import _latest_compaction_statement
 from core.store.tables import Compaction, Conversation, Message, Turn, utc_now
 from core.store.units import _finding, _inserting, _of_conversation, _rows, _updater
@@ -78,7 +79,10 @@ class ConversationStore(StoreBase):
                 else {"turn": 0, "seq": 0}
             )
             messages = _rows(connection, Message, _messages_since_statement(), **key, **since)
-            endings = dict(connection.execute(_endings_statement(), key | since).all())
+            endings = {
+                turn: ending_of(status, reason)
+                for turn, status, reason in connection.execute(_endings_statement(), key | since)
+            }
             turns, compactions = connection.execute(_counts_statement(), key).one()
             return StoredConversation(
                 conversation, messages, endings, compaction, turns, compactions
@@ -146,7 +150,7 @@ def _messages_since_statement() -> Executable:
 @cache
 def _endings_statement() -> Executable:
     turns = Turn.__table__  # type: ignore[attr-defined]
-    return select(turns.c.id, turns.c.status).where(
+    return select(turns.c.id, turns.c.status, turns.c.stop_reason).where(
         turns.c.conversation_id == bindparam("id"), turns.c.id >= bindparam("turn")
     )
 

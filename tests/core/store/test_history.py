@@ -3,7 +3,7 @@
 from datetime import UTC, datetime
 from typing import Any
 
-from core.store.history import CUT_OFF, history_wire, unanswered_calls
+from core.store.history import CUT_OFF, SHUTDOWN, ending_of, history_wire, unanswered_calls
 from core.store.tables import Message
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -52,6 +52,24 @@ def test_calls_left_at_the_very_end_get_results_too() -> None:
     rows = [message("user", "go"), message("assistant", tool_calls=[call("c1", "search")])]
     assert [m["role"] for m in history_wire(rows)] == ["user", "assistant", "tool"]
     assert unanswered_calls(rows) == [call("c1", "search")]
+
+
+def test_a_reply_cut_by_a_shutdown_does_not_read_as_stopped_by_the_person() -> None:
+    """Regression (issue 33): a reply stopped by SIGTERM is stored `stopped` like one the person
+    stopped, so the next request told the model that the person had stopped it."""
+    rows = [
+        message("assistant", "Shut down mid", turn=1, partial=True, stopped=True),
+        message("assistant", "Stopped mid", turn=2, partial=True, stopped=True),
+    ]
+    endings = {1: ending_of("stopped", SHUTDOWN), 2: ending_of("stopped", "user")}
+
+    wire = history_wire(rows, endings)
+
+    assert [m["content"] for m in wire] == [
+        f"Shut down mid\n\n{CUT_OFF[SHUTDOWN]}",
+        f"Stopped mid\n\n{CUT_OFF['stopped']}",
+    ]
+    assert "nobody asked to stop this reply" in CUT_OFF[SHUTDOWN]
 
 
 def test_a_cut_off_reply_says_how_it_was_cut() -> None:
