@@ -8,7 +8,9 @@ text can't leak into context.
 A message's `seq` is its place within its turn (the person's message is 0): the key a reply is
 saved under again and again as it streams, so saving is an idempotent upsert that a replayed
 transaction cannot double. An inbound event keeps the person's text, so a message is recorded
-before its platform is told it arrived; its `claim` marks which attempt recorded it.
+before its platform is told it arrived; its `claim` marks which attempt recorded it. Other rows
+carry a `token`, the mark of the write that made them (made before its transaction was queued),
+so a write replayed after its COMMIT answer was lost finds its own row.
 """
 
 from datetime import UTC, datetime
@@ -22,8 +24,14 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def _token_index(table: str) -> Index:
+    """The unique index a row's `token` is found by when its insert is replayed."""
+    return Index(f"ux_{table}_token", "token", unique=True)
+
+
 class Conversation(SQLModel, table=True):
     __tablename__ = "conversations"
+    __table_args__ = (_token_index("conversations"),)
 
     id: int | None = Field(default=None, primary_key=True)
     place: str = Field(index=True, max_length=300)
@@ -33,6 +41,8 @@ class Conversation(SQLModel, table=True):
     closed_at: datetime | None = Field(
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
+    token: str | None = Field(default=None, max_length=32)
+    """The write that made the row, so a replay of it finds the row (`core.store.units`)."""
 
 
 class Message(SQLModel, table=True):
@@ -59,6 +69,7 @@ class Message(SQLModel, table=True):
 
 class Turn(SQLModel, table=True):
     __tablename__ = "turns"
+    __table_args__ = (_token_index("turns"),)
 
     id: int | None = Field(default=None, primary_key=True)
     conversation_id: int = Field(foreign_key="conversations.id", index=True)
@@ -84,6 +95,8 @@ class Turn(SQLModel, table=True):
     ended_at: datetime | None = Field(
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
+    token: str | None = Field(default=None, max_length=32)
+    """The write that made the row, so a replay of it finds the row (`core.store.units`)."""
 
 
 class InboundEvent(SQLModel, table=True):
@@ -118,6 +131,7 @@ class Compaction(SQLModel, table=True):
     kept here (and, for a compaction inside a turn, in the turn's totals too)."""
 
     __tablename__ = "compactions"
+    __table_args__ = (_token_index("compactions"),)
 
     id: int | None = Field(default=None, primary_key=True)
     conversation_id: int = Field(foreign_key="conversations.id", index=True)
@@ -134,6 +148,8 @@ class Compaction(SQLModel, table=True):
     output_tokens: int | None = 0
     model_seconds: float = 0.0
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    token: str | None = Field(default=None, max_length=32)
+    """The write that made the row, so a replay of it finds the row (`core.store.units`)."""
 
 
 class SubagentRun(SQLModel, table=True):
@@ -168,6 +184,9 @@ class SubagentRun(SQLModel, table=True):
     ended_at: datetime | None = Field(
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
+    token: str | None = Field(default=None, max_length=32)
+    """The `start_runs` call that stored it (one for all the runs it stored), so a replay
+    of that call finds its runs."""
 
 
 class SubagentMessage(SQLModel, table=True):
@@ -194,6 +213,7 @@ class ScheduledTask(SQLModel, table=True):
     is false while paused (`paused_reason` says why) and after a cancel (`cancelled_at`)."""
 
     __tablename__ = "scheduled_tasks"
+    __table_args__ = (_token_index("scheduled_tasks"),)
 
     id: int | None = Field(default=None, primary_key=True)
     platform: str = Field(max_length=50)
@@ -219,6 +239,8 @@ class ScheduledTask(SQLModel, table=True):
     cancelled_at: datetime | None = Field(
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
+    token: str | None = Field(default=None, max_length=32)
+    """The write that made the row, so a replay of it finds the row (`core.store.units`)."""
 
 
 class TaskRun(SQLModel, table=True):
@@ -246,6 +268,8 @@ class TaskRun(SQLModel, table=True):
     finished_at: datetime | None = Field(
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
+    token: str | None = Field(default=None, max_length=32)
+    """The claim that took the slot, so a replay of it finds its own run (not a taken slot)."""
 
 
 class Note(SQLModel, table=True):
@@ -254,6 +278,7 @@ class Note(SQLModel, table=True):
     says."""
 
     __tablename__ = "notes"
+    __table_args__ = (_token_index("notes"),)
 
     id: int | None = Field(default=None, primary_key=True)
     owner: str = Field(index=True, max_length=300)
@@ -261,6 +286,8 @@ class Note(SQLModel, table=True):
     place: str = Field(max_length=300)
     created_by: str = Field(max_length=200)
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    token: str | None = Field(default=None, max_length=32)
+    """The write that made the row, so a replay of it finds the row (`core.store.units`)."""
 
 
 class Approval(SQLModel, table=True):
@@ -270,6 +297,7 @@ class Approval(SQLModel, table=True):
     `expired` (Kaiwa restarted first). `message_id` is the question's, so it can be edited."""
 
     __tablename__ = "approvals"
+    __table_args__ = (_token_index("approvals"),)
 
     id: int | None = Field(default=None, primary_key=True)
     turn_id: int | None = Field(default=None, foreign_key="turns.id")
@@ -285,6 +313,9 @@ class Approval(SQLModel, table=True):
     decided_at: datetime | None = Field(
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
+    token: str | None = Field(default=None, max_length=32)
+    """The write that made the row, then the decision that settled it: a replay of either
+    finds it (`decide_approval`)."""
 
 
 class ToolGrant(SQLModel, table=True):
@@ -316,6 +347,7 @@ class Plan(SQLModel, table=True):
     edited."""
 
     __tablename__ = "plans"
+    __table_args__ = (_token_index("plans"),)
 
     id: int | None = Field(default=None, primary_key=True)
     conversation_id: int = Field(foreign_key="conversations.id", index=True)
@@ -334,3 +366,5 @@ class Plan(SQLModel, table=True):
     provenance: str = Field(default="person", max_length=20)
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
     updated_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    token: str | None = Field(default=None, max_length=32)
+    """The write that made the row, so a replay of it finds the row (`core.store.units`)."""

@@ -7,6 +7,11 @@ write that tells whether it won. Those shapes live here once, keyed by model, so
 module (`inbox`, `turns`, `plans`, ...) holds only what is its own. The names keep their leading
 underscore: they belong to the package, imported by its modules and by nothing outside it.
 
+Every unit may run twice: a transaction whose COMMIT answer is lost with the connection is run
+again (`core.store.dbthread`), so each shape stays true under that replay. An update by id
+writes values made before it was queued; an insert carries a token made then too (`_new_token`)
+and finds its own row by it (`_inserting`).
+
 No input can fail a record: every text written is cleaned first (`core.text.clean`: characters
 that cannot be encoded become U+FFFD; NUL, which PostgreSQL refuses in text, is dropped) and cut
 to its column's length (`_fit`).
@@ -17,6 +22,7 @@ built with `model_construct` (the rows come from our own schema; validating them
 37 µs a row).
 """
 
+import uuid
 from functools import cache
 from typing import Any, TypeVar
 
@@ -51,14 +57,31 @@ def _of_conversation(model: type[Row], conversation_id: int) -> Unit[list[Row]]:
 
 
 def _inserting(model: type[Row], values: dict[str, Any]) -> Unit[Row]:
-    """A new row of `model`, as stored (its id and defaults filled in)."""
-    fitted = _fit(model, values)
+    """A new row of `model`, as stored (its id and defaults filled in), written once however
+    often the unit runs: the row carries a token made now, before the unit is queued, and a run
+    that finds it taken (a replay: the first run's COMMIT landed) reads that row back."""
+    fitted = _with_token(model, values)
 
     def run(connection: Connection) -> Row:
-        row = connection.execute(_insert_returning_row(model), fitted).one()
+        insert_once = _insert_once_statement(connection.dialect.name, model, whole=True)
+        row = connection.execute(insert_once, fitted).first()
+        if row is None:  # our own row, committed before its answer was lost
+            mark = {"token": fitted["token"]}
+            row = connection.execute(_by_token_statement(model), mark).one()
         return model.model_construct(**row._mapping)
 
     return run
+
+
+def _with_token(model: type[SQLModel], values: dict[str, Any]) -> dict[str, Any]:
+    """`values` fitted to `model`, with a new token (the write's own mark, `_new_token`)."""
+    return _fit(model, values) | {"token": _new_token()}
+
+
+def _new_token() -> str:
+    """A mark for one write, made before its unit is queued, so every run of the unit carries
+    the same one and a replay can tell its own rows from anyone else's."""
+    return uuid.uuid4().hex
 
 
 def _finding(model: type[Row], row_id: int) -> Unit[Row | None]:
@@ -144,9 +167,22 @@ def _by_id_statement(model: type[SQLModel]) -> Executable:
 
 
 @cache
-def _insert_returning_row(model: type[SQLModel]) -> Executable:
+def _insert_once_statement(dialect: str, model: type[SQLModel], *, whole: bool) -> Executable:
+    """Insert a row of `model` unless one with its token exists; the new row (`whole`) or its
+    id, or nothing when the token was there (a replay of the write that put it there)."""
     table = model.__table__  # type: ignore[attr-defined]
-    return insert(table).returning(*table.c)
+    returned = table.c if whole else (table.c.id,)
+    return (
+        _dialect_insert(dialect)(table)
+        .on_conflict_do_nothing(index_elements=["token"])
+        .returning(*returned)
+    )
+
+
+@cache
+def _by_token_statement(model: type[SQLModel]) -> Executable:
+    table = model.__table__  # type: ignore[attr-defined]
+    return select(table).where(table.c.token == bindparam("token"))
 
 
 @cache

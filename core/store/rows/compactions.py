@@ -3,8 +3,9 @@ sent.
 
 A compaction is made inside a turn (stored in that turn's own transaction, `record_turn`) or on
 its own (`/compact`, `record_compaction`); both write the same row, so it is built and written
-here once (`_compaction_row`, `_store_compaction`). Reading a conversation (`conversation_of`)
-starts from the latest one (`_latest_compaction_statement`).
+here once (`_compaction_row`, `_store_compaction`). The row is built before its unit is queued,
+with a token, so a transaction replayed after its COMMIT answer was lost writes it once. Reading
+a conversation (`conversation_of`) starts from the latest one (`_latest_compaction_statement`).
 """
 
 from collections.abc import Awaitable
@@ -12,12 +13,17 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Executable, bindparam, insert, select
+from sqlalchemy import Connection, Executable, bindparam, select
 
 from core.agent.messages import UsageTotals
 from core.store.base import StoreBase
 from core.store.tables import Compaction, utc_now
-from core.store.units import _fit, _of_conversation, _usage_values
+from core.store.units import (
+    _insert_once_statement,
+    _of_conversation,
+    _usage_values,
+    _with_token,
+)
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,7 @@ def _compaction_row(
     conversation_id: int, turn_id: int | None, compaction: CompactionRecord
 ) -> dict[str, Any]:
     first_kept_turn = compaction.first_kept_turn_id
-    return _fit(
+    return _with_token(
         Compaction,
         {
             "conversation_id": conversation_id,
@@ -67,7 +73,10 @@ def _compaction_row(
 
 
 def _store_compaction(connection: Connection, row: dict[str, Any]) -> None:
-    connection.execute(insert(Compaction.__table__), row)  # type: ignore[attr-defined]
+    """Write `row` (`_compaction_row`) unless its token is stored already: a replay of the
+    transaction that wrote it."""
+    insert_once = _insert_once_statement(connection.dialect.name, Compaction, whole=False)
+    connection.execute(insert_once, row)
 
 
 @cache

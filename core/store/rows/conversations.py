@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Executable, bindparam, func, select
 
 from core.store.base import StoreBase
+from core.store.dbthread import Unit
 from core.store.history import ending_of
 from core.store.rows.compactions import _latest_compaction_statement
 from core.store.tables import Compaction, Conversation, Message, Turn, utc_now
@@ -48,9 +49,7 @@ class ConversationStore(StoreBase):
     def open_conversation(
         self, place: str, agent: str, system_prompt: str
     ) -> Awaitable[Conversation]:
-        return self._call(
-            lambda connection: _open_conversation(connection, place, agent, system_prompt)
-        )
+        return self._call(_opening_conversation(place, agent, system_prompt))
 
     def close_conversation(self, conversation_id: int) -> Awaitable[None]:
         closing = _updater(Conversation, conversation_id, {"closed_at": utc_now()})
@@ -97,16 +96,16 @@ def _active_conversation(connection: Connection, place: str) -> Conversation | N
     return found[0] if found else None
 
 
-def _open_conversation(
-    connection: Connection, place: str, agent: str, system_prompt: str
-) -> Conversation:
+def _opening_conversation(place: str, agent: str, system_prompt: str) -> Unit[Conversation]:
+    """A new conversation of `place`, opened once however often the unit runs (`_inserting`):
+    build it before queueing, also inside a unit of more (`start_turn`)."""
     values = {
         "place": place,
         "agent": agent,
         "system_prompt": system_prompt,
         "created_at": utc_now(),
     }
-    return _inserting(Conversation, values)(connection)
+    return _inserting(Conversation, values)
 
 
 def _conversations_in(place: str) -> Any:

@@ -12,9 +12,10 @@ transaction (group commit, in `core.store.dbthread`).
 
 A transaction whose COMMIT answer is lost with the connection is run again. Each write is written
 to stay true under that replay: messages are upserted by (turn, seq); a turn's update writes its
-whole mutable state; a claim recognises its own row by its claim token (`core.store.rows.inbox`).
-Only `start_turn` would write a second turn; losing the connection in that instant is the one case
-left.
+whole mutable state; a claim recognises its own row by its claim token (`core.store.rows.inbox`);
+`start_turn` finds its own turn (and the conversation it opened) by the token each carries, in
+the insert itself (`ON CONFLICT DO NOTHING`, read back only when it hit), so the common path
+keeps its statements; a compaction is inserted once by its token too.
 """
 
 from collections.abc import Awaitable, Sequence
@@ -37,17 +38,23 @@ from core.store.base import StoreBase
 from core.store.dbthread import Unit
 from core.store.history import INTERRUPTED_TOOL, unanswered_calls
 from core.store.rows.compactions import CompactionRecord, _compaction_row, _store_compaction
-from core.store.rows.conversations import _conversations_in, _open_conversation, _place_statement
+from core.store.rows.conversations import (
+    _conversations_in,
+    _opening_conversation,
+    _place_statement,
+)
 from core.store.tables import Conversation, InboundEvent, Message, Turn, utc_now
 from core.store.units import (
     _by_id_statement,
+    _by_token_statement,
     _dialect_insert,
     _fit,
-    _insert_statement,
+    _insert_once_statement,
     _of_conversation,
     _rows,
     _updater,
     _usage_values,
+    _with_token,
 )
 
 PENDING_DELIVERY = "pending"
@@ -132,39 +139,37 @@ class Summary:
 class TurnStore(StoreBase):
     def start_turn(self, start: TurnStart) -> Awaitable[StartedTurn]:
         """Open a turn (and, if `start` names none, its conversation) and store the message
-        that started it: one transaction."""
+        that started it: one transaction. The turn carries a token made here, so a replay of
+        the transaction (its COMMIT landed, the answer was lost) finds it and writes nothing."""
+        opening = None
+        if start.conversation_id is None:
+            opening = _opening_conversation(start.place, start.agent, start.system_prompt)
+        now = utc_now()
+        turn = _with_token(Turn, _turn_row(start, now))
+        said = _message_defaults(now) | {
+            "seq": 0,
+            "role": "user",
+            "text": start.text,
+            "author": start.author,
+        }
+        said = _fit(Message, said)
+        insert_once = _insert_once_statement(self._dialect, Turn, whole=False)
 
         def run(connection: Connection) -> StartedTurn:
             conversation_id = start.conversation_id
-            if conversation_id is None:
-                opened = _open_conversation(
-                    connection, start.place, start.agent, start.system_prompt
-                )
+            if opening is not None:
+                opened = opening(connection)
                 assert opened.id is not None
                 conversation_id = opened.id
-            now = utc_now()
-            turn = {
-                "conversation_id": conversation_id,
-                "inbound_event_id": start.inbound_event_id,
-                "provenance": start.provenance,
-                "attempt": start.attempt,
-                "status": "running",
-                "started_at": now,
-                **_usage_values(UsageTotals()),
-            }
-            turn_id = int(
-                connection.execute(_insert_statement(Turn), _fit(Turn, turn)).scalar_one()
-            )
-            said = _message_defaults(now) | {
-                "conversation_id": conversation_id,
-                "turn_id": turn_id,
-                "seq": 0,
-                "role": "user",
-                "text": start.text,
-                "author": start.author,
-            }
-            said = _fit(Message, said)
-            connection.execute(insert(Message.__table__), said)  # type: ignore[attr-defined]
+            placed = {"conversation_id": conversation_id}
+            inserted = connection.execute(insert_once, turn | placed).scalar()
+            if inserted is None:  # ours, with its message: committed before the answer was lost
+                (ours,) = _rows(connection, Turn, _by_token_statement(Turn), token=turn["token"])
+                assert ours.id is not None
+                return StartedTurn(ours.conversation_id, ours.id)
+            turn_id = int(inserted)
+            message = said | placed | {"turn_id": turn_id}
+            connection.execute(insert(Message.__table__), message)  # type: ignore[attr-defined]
             return StartedTurn(conversation_id, turn_id)
 
         return self._call(run)
@@ -354,6 +359,18 @@ def _turn_writes(
             _updater(Turn, turn_id, values)(connection)
 
     return run
+
+
+def _turn_row(start: TurnStart, now: datetime) -> dict[str, Any]:
+    """A new turn's row, but for its conversation (which `start_turn` may open first)."""
+    return {
+        "inbound_event_id": start.inbound_event_id,
+        "provenance": start.provenance,
+        "attempt": start.attempt,
+        "status": "running",
+        "started_at": now,
+        **_usage_values(UsageTotals()),
+    }
 
 
 def _message_row(
