@@ -3,14 +3,15 @@
 A store method builds a unit (`core.store.dbthread.Unit`: statements run on one connection) and
 queues it through `_call` (`core.store.base`). Most units are one of a few shapes: insert a row
 and read it back, find one by id, update one by id, read what a statement selects, a conditional
-write that tells whether it won. Those shapes live here once, keyed by model, so each kind's
-module (`inbox`, `turns`, `plans`, ...) holds only what is its own. The names keep their leading
-underscore: they belong to the package, imported by its modules and by nothing outside it.
+write that tells whether it won, a write that counts what it changed. Those shapes live here
+once, keyed by model, so each kind's module (`inbox`, `turns`, `plans`, ...) holds only what is
+its own. The names keep their leading underscore: they belong to the package, imported by its
+modules and by nothing outside it.
 
 Every unit may run twice: a transaction whose COMMIT answer is lost with the connection is run
 again (`core.store.dbthread`), so each shape stays true under that replay. An update by id
 writes values made before it was queued; an insert carries a token made then too (`_new_token`)
-and finds its own row by it (`_inserting`).
+and finds its own row by it (`_inserting`); a count keeps the most any run counted (`_counting`).
 
 No input can fail a record: every text written is cleaned first (`core.text.clean`: characters
 that cannot be encoded become U+FFFD; NUL, which PostgreSQL refuses in text, is dropped) and cut
@@ -107,6 +108,22 @@ def _updater(model: type[SQLModel], row_id: int, values: dict[str, Any]) -> Unit
 def _changes_one(statement: Executable) -> Unit[bool]:
     """True when `statement` (a conditional write) changed exactly one row: it won."""
     return lambda connection: connection.execute(statement).rowcount == 1
+
+
+def _counting(statement: Executable) -> Unit[int]:
+    """How many rows `statement` changed, for a write that stops matching the rows it changed
+    (a delete; an update away from what it selects), so a replay of its unit (the first run's
+    COMMIT landed, its answer was lost) finds nothing left to change: the unit answers the most
+    any of its runs changed. Had the first run not committed after all, the replay changes them
+    itself; either way they are changed."""
+    most = 0
+
+    def run(connection: Connection) -> int:
+        nonlocal most
+        most = max(most, connection.execute(statement).rowcount)
+        return most
+
+    return run
 
 
 def _usage_values(usage: UsageTotals) -> dict[str, Any]:

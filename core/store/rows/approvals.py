@@ -2,10 +2,12 @@
 and the tools a person allowed for the rest of a conversation (grants).
 
 An approval is settled only while it is `pending` (`decide_approval`), so the first answer wins,
-also across processes; the questions a dead process left are read back, everywhere or in one
-place, to be closed. A grant belongs to the conversation active in its place, one row per tool
-(a second "Allow here" changes nothing, and a replayed insert finds its row). Writes are durable: a
-waiting call must learn its answer, and a person's grant or revocation must hold after a restart.
+also across processes, and a decision replayed after its COMMIT answer was lost knows its own
+(by its token); the questions a dead process left are read back, everywhere or in one place, to
+be closed. A grant belongs to the conversation active in its place, one row per tool (a second
+"Allow here" changes nothing, and a replayed insert finds its row); a replayed revocation counts
+what its first run ended. Writes are durable: a waiting call must learn its answer, and a
+person's grant or revocation must hold after a restart.
 """
 
 from collections.abc import Awaitable
@@ -16,7 +18,16 @@ from sqlalchemy import Connection, delete, select, update
 from core.store.base import StoreBase
 from core.store.rows.conversations import _active_conversation
 from core.store.tables import Approval, Conversation, ToolGrant
-from core.store.units import _changes_one, _finding, _fit, _inserting, _reading, _updater
+from core.store.units import (
+    _changes_one,
+    _counting,
+    _finding,
+    _fit,
+    _inserting,
+    _reading,
+    _updater,
+    _with_token,
+)
 
 
 class ApprovalStore(StoreBase):
@@ -28,12 +39,17 @@ class ApprovalStore(StoreBase):
 
     def decide_approval(self, approval_id: int, values: dict[str, Any]) -> Awaitable[bool]:
         """Settle a pending approval; False when it was settled already (the first answer
-        wins, also across processes)."""
+        wins, also across processes). The decision writes a token of its own, so a replay of
+        it (its COMMIT landed, the answer was lost) finds its own decision and still wins."""
         table = Approval.__table__  # type: ignore[attr-defined]
+        decision = _with_token(Approval, values)
         statement = (
             update(table)
-            .where(table.c.id == approval_id, table.c.status == "pending")
-            .values(**_fit(Approval, values))
+            .where(
+                table.c.id == approval_id,
+                (table.c.status == "pending") | (table.c.token == decision["token"]),
+            )
+            .values(**decision)
         )
         return self._call(_changes_one(statement), durable=True)
 
@@ -84,14 +100,15 @@ class ApprovalStore(StoreBase):
 
     def revoke_grants(self, place: str, tool: str | None = None) -> Awaitable[int]:
         """End the grant of `tool` (every grant when None) in the conversation active in
-        `place`; how many ended."""
+        `place`; how many ended (a replay after a lost COMMIT answer counts those its first run
+        ended)."""
         grants = ToolGrant.__table__  # type: ignore[attr-defined]
         statement = delete(grants).where(
             grants.c.conversation_id.in_(_active_conversation_ids(place))
         )
         if tool is not None:
             statement = statement.where(grants.c.tool == tool)
-        return self._call(lambda connection: connection.execute(statement).rowcount, durable=True)
+        return self._call(_counting(statement), durable=True)
 
 
 def _active_conversation_ids(place: str) -> Any:

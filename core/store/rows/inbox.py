@@ -5,9 +5,10 @@ A message is recorded before its platform is told it arrived, so a redelivery fi
 claim says whether anything took it up, and a row recorded for a turn that no turn points at
 (`_untaken`) is still owed an answer. A claim recognises its own row by its claim token, so a
 claim replayed after its COMMIT answer was lost is not mistaken for a redelivery; taking a row
-over changes the token, so a second taker finds it gone. `places_waiting` is here because the
-inbox is the queue recovery starts from: it names every place with work left (a queued message,
-a turn not yet shown to have ended, a scheduled run under way).
+over changes the token, so a second taker finds it gone (and a replayed take-over its own).
+`places_waiting` is here because the inbox is the queue recovery starts from: it names every
+place with work left (a queued message, a turn not yet shown to have ended, a scheduled run
+under way).
 """
 
 import uuid
@@ -95,12 +96,14 @@ class InboxStore(StoreBase):
 
     def take_over(self, event_id: int, token: str) -> Awaitable[bool]:
         """Take a recorded message no turn took up, if nobody took it over since `token` was
-        read (its claim changes, so a second taker finds it gone)."""
+        read (its claim changes, so a second taker finds it gone, and a replay of this call
+        finds the claim it wrote)."""
         table = InboundEvent.__table__  # type: ignore[attr-defined]
+        ours = uuid.uuid4().hex  # made before queueing: a replay finds the row carrying it
         statement = (
             update(table)
-            .where(table.c.id == event_id, table.c.claim == token)
-            .values(claim=uuid.uuid4().hex)
+            .where(table.c.id == event_id, table.c.claim.in_((token, ours)))
+            .values(claim=ours)
         )
         return self._call(_changes_one(statement), autocommit=True)
 

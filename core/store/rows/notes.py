@@ -2,7 +2,9 @@
 `[memory].scope` says; `core.features.memory`).
 
 Writes are durable (a note the model was told is kept must not be lost to an outage), and
-forgetting one matches its owner as well as its id, so no note of someone else's can go.
+forgetting one matches its owner as well as its id, so no note of someone else's can go. Both
+stay true when replayed after a lost COMMIT answer: a note is inserted once (`_inserting`), and a
+forgetting replayed finds the note gone and still says it went (`_counting`).
 """
 
 from collections.abc import Awaitable
@@ -13,7 +15,7 @@ from sqlalchemy import Executable, bindparam, delete, select
 
 from core.store.base import StoreBase
 from core.store.tables import Note
-from core.store.units import _changes_one, _inserting, _reading
+from core.store.units import _counting, _inserting, _reading
 
 
 class NoteStore(StoreBase):
@@ -28,7 +30,8 @@ class NoteStore(StoreBase):
         """Delete one of `owner`'s notes; False when it has none with that id."""
         table = Note.__table__  # type: ignore[attr-defined]
         statement = delete(table).where(table.c.id == note_id, table.c.owner == owner)
-        return self._call(_changes_one(statement), durable=True)
+        deleting = _counting(statement)
+        return self._call(lambda connection: deleting(connection) == 1, durable=True)
 
 
 @cache

@@ -2,8 +2,11 @@
 
 A run belongs to a conversation (its key `a<n>` counts that conversation's runs), and its writes
 are queued under a key of their own (`-run_id`, never a turn's id), so its steps land in the
-order they were taken. Recovery reads the runs a dead process left, and the reports never delivered,
-each with its conversation's place (`_runs_with_places`), everywhere or in one place.
+order they were taken. Replayed after a lost COMMIT answer, `start_runs` finds the runs it
+stored by their token (rather than counting them as earlier ones and storing more), and a
+transcript's rows are appended once each, by (run, seq). Recovery reads the runs a dead process
+left, and the reports never delivered, each with its conversation's place
+(`_runs_with_places`), everywhere or in one place.
 """
 
 from collections.abc import Awaitable, Sequence
@@ -11,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Executable, bindparam, func, insert, select
+from sqlalchemy import Connection, Executable, bindparam, case, func, select
 
 from core.agent.messages import UsageTotals
 from core.store.base import StoreBase
@@ -19,8 +22,10 @@ from core.store.dbthread import Unit
 from core.store.rows.conversations import _conversations_in, _place_statement
 from core.store.tables import SubagentMessage, SubagentRun, utc_now
 from core.store.units import (
+    _dialect_insert,
     _fit,
     _insert_statement,
+    _new_token,
     _of_conversation,
     _reading,
     _rows,
@@ -52,15 +57,21 @@ class SubagentRunStore(StoreBase):
         """Store new runs of a conversation, keyed `a<n>` after every run it ever had (keys are
         never reused); their row ids and keys, in order. One transaction, which stores none
         (and returns []) if the conversation would have more than `max_total` runs: the count
-        and the new rows are one decision."""
+        and the new rows are one decision. The runs carry a token made here, so a replay of
+        the transaction (its COMMIT landed, the answer was lost) answers the runs it stored
+        instead of storing more."""
         now = utc_now()
+        token = _new_token()
+        mine = {"id": conversation_id, "token": token}
 
         def run(connection: Connection) -> list[tuple[int, str]]:
-            count = connection.execute(_run_count_statement(), {"id": conversation_id}).scalar()
-            if max_total is not None and int(count or 0) + len(runs) > max_total:
+            count, ours = connection.execute(_runs_so_far_statement(), mine).one()
+            if ours:  # stored by this call, committed before its answer was lost
+                return [(int(row_id), name) for row_id, name in connection.execute(_ours(), mine)]
+            if max_total is not None and count + len(runs) > max_total:
                 return []
             started = []
-            for number, spec in enumerate(runs, start=int(count or 0) + 1):
+            for number, spec in enumerate(runs, start=count + 1):
                 key = f"a{number}"
                 values = _fit(
                     SubagentRun,
@@ -77,6 +88,7 @@ class SubagentRunStore(StoreBase):
                         "delivery": "pending",
                         "unread": 0,
                         "started_at": now,
+                        "token": token,
                         **_usage_values(UsageTotals()),
                     },
                 )
@@ -95,7 +107,8 @@ class SubagentRunStore(StoreBase):
         durable: bool = False,
     ) -> Awaitable[None]:
         """Append to a run's transcript (seq, role, text, tool name, tool calls) and change its
-        row, in one transaction."""
+        row, in one transaction. A message whose (run, seq) is stored already is kept as it is:
+        a replay of this call (its COMMIT landed, the answer was lost) appends nothing twice."""
         now = utc_now()
         rows = [
             _fit(
@@ -114,9 +127,11 @@ class SubagentRunStore(StoreBase):
         ]
         changes = _fit(SubagentRun, values or {})
 
+        append = _append_statement(self._dialect)
+
         def run(connection: Connection) -> None:
             if rows:
-                connection.execute(insert(SubagentMessage.__table__), rows)  # type: ignore[attr-defined]
+                connection.execute(append, rows)
             if changes:
                 _updater(SubagentRun, run_id, changes)(connection)
 
@@ -195,6 +210,32 @@ def _runs_updater(run_ids: Sequence[int], values: dict[str, Any]) -> Unit[None]:
 def _run_count_statement() -> Executable:
     table = SubagentRun.__table__  # type: ignore[attr-defined]
     return select(func.count()).where(table.c.conversation_id == bindparam("id"))
+
+
+@cache
+def _runs_so_far_statement() -> Executable:
+    """How many runs a conversation has had, and how many of them carry `token`."""
+    table = SubagentRun.__table__  # type: ignore[attr-defined]
+    ours = func.count(case((table.c.token == bindparam("token"), 1)))
+    return select(func.count(), ours).where(table.c.conversation_id == bindparam("id"))
+
+
+@cache
+def _ours() -> Executable:
+    """The ids and keys of a conversation's runs that carry `token`, in order."""
+    table = SubagentRun.__table__  # type: ignore[attr-defined]
+    return (
+        select(table.c.id, table.c.key)
+        .where(table.c.conversation_id == bindparam("id"), table.c.token == bindparam("token"))
+        .order_by(table.c.id)
+    )
+
+
+@cache
+def _append_statement(dialect: str) -> Executable:
+    """Transcript rows, each unless its (run, seq) is stored already."""
+    table = SubagentMessage.__table__  # type: ignore[attr-defined]
+    return _dialect_insert(dialect)(table).on_conflict_do_nothing(index_elements=["run_id", "seq"])
 
 
 @cache

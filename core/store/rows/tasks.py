@@ -3,8 +3,9 @@ both rows in one transaction.
 
 A slot runs at most once: `claim_slot` moves the task's `next_run` on only if it is still the one
 expected, then inserts the run only if no run holds that (task, fire time) yet, so two schedulers
-(or a restart) cannot both fire it. Every write here is durable: a task or its run's ending must
-not be lost to an outage.
+(or a restart) cannot both fire it; a claim replayed after its COMMIT answer was lost finds the
+run it wrote by its token, so its run is not left `running` unowned. Every write here is
+durable: a task or its run's ending must not be lost to an outage.
 """
 
 from collections.abc import Awaitable
@@ -17,12 +18,13 @@ from sqlalchemy import Connection, Executable, bindparam, select, update
 from core.store.base import StoreBase
 from core.store.tables import ScheduledTask, TaskRun, utc_now
 from core.store.units import (
+    _counting,
     _finding,
-    _fit,
     _insert_if_new_statement,
     _inserting,
     _reading,
     _updater,
+    _with_token,
 )
 
 
@@ -52,8 +54,10 @@ class TaskStore(StoreBase):
         """Claim a task's fire slot in one transaction: `move` (expected, next) moves the task's
         `next_run` on to next, only if it is still expected; then the slot's run row (`run`'s
         values) is inserted. None when either was taken first (another scheduler moved the task
-        on, or the slot was claimed before a restart), and then nothing is written."""
-        values = _fit(TaskRun, {"task_id": task_id, "fire_time": fire_time, **run})
+        on, or the slot was claimed before a restart), and then nothing is written; but a replay
+        of this claim (its COMMIT landed, the answer was lost) finds its own run by the token it
+        carries, and answers its id."""
+        values = _with_token(TaskRun, {"task_id": task_id, "fire_time": fire_time, **run})
         moved = _task_move_statement()
         statement = _insert_if_new_statement(self._dialect, TaskRun, ("task_id", "fire_time"))
 
@@ -61,9 +65,9 @@ class TaskStore(StoreBase):
             if move is not None:
                 step = {"row_id": task_id, "expected": move[0], "next_run": move[1]}
                 if connection.execute(moved, step).rowcount != 1:
-                    return None
+                    return _own_run(connection, values)
             inserted = connection.execute(statement, values).scalar()
-            return None if inserted is None else int(inserted)
+            return _own_run(connection, values) if inserted is None else int(inserted)
 
         return self._call(claim, durable=True)
 
@@ -81,7 +85,8 @@ class TaskStore(StoreBase):
 
     def close_unfinished_task_runs(self, place: str | None = None) -> Awaitable[int]:
         """Runs a dead process left `running` end `interrupted` (read at start-up, or when a
-        worker takes `place` over: then only the runs of tasks in that place); how many."""
+        worker takes `place` over: then only the runs of tasks in that place); how many (a
+        replay after a lost COMMIT answer counts those its first run closed)."""
         table = TaskRun.__table__  # type: ignore[attr-defined]
         statement = update(table).where(table.c.outcome == "running")
         if place is not None:
@@ -91,12 +96,28 @@ class TaskStore(StoreBase):
         statement = statement.values(
             outcome="interrupted", error="Kaiwa stopped during the run", finished_at=utc_now()
         )
-        return self._call(lambda connection: connection.execute(statement).rowcount, durable=True)
+        return self._call(_counting(statement), durable=True)
 
     def task_runs(self, task_id: int, limit: int = 5) -> Awaitable[list[TaskRun]]:
         """A task's latest runs, newest first."""
         reading = _reading(TaskRun, _task_runs_statement(), task_id=task_id, limit=limit)
         return self._call(reading, autocommit=True)
+
+
+def _own_run(connection: Connection, values: dict[str, Any]) -> int | None:
+    """The id of the slot's run if this claim (its token) wrote it, else None: it was taken."""
+    mark = {name: values[name] for name in ("task_id", "fire_time", "token")}
+    return connection.execute(_own_run_statement(), mark).scalar()
+
+
+@cache
+def _own_run_statement() -> Executable:
+    table = TaskRun.__table__  # type: ignore[attr-defined]
+    return select(table.c.id).where(
+        table.c.task_id == bindparam("task_id"),
+        table.c.fire_time == bindparam("fire_time"),
+        table.c.token == bindparam("token"),
+    )
 
 
 @cache

@@ -12,13 +12,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from core.store import CompactionRecord, StartedTurn, Store, TurnStart
+from core.store import CompactionRecord, Inbound, RunStart, StartedTurn, Store, TurnStart
 from core.store.tables import utc_now
 from tests.core.store.replays import commit_answer_lost
 from tests.databases import QUICK, open_store
 
 T = TypeVar("T")
 SLOT = datetime(2026, 12, 1, 8, tzinfo=UTC)
+FOLLOWING = datetime(2026, 12, 2, 8, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -108,6 +109,16 @@ async def test_a_replayed_open_conversation_opens_one(store: Store) -> None:
     assert await store.active_conversation("t:p") is None, "no second one left open"
 
 
+async def test_a_replayed_take_over_still_wins(store: Store) -> None:
+    inbound = Inbound("t", "m1", "t:p", "hello", status="turn")
+    await store.claim_inbound(inbound)
+    redelivered = await store.claim_inbound(inbound)
+    assert not redelivered.answered
+
+    assert await replayed(lambda: store.take_over(redelivered.event_id, redelivered.token))
+    assert not await store.take_over(redelivered.event_id, redelivered.token), "one taker"
+
+
 # -- notes, approvals, plans ----------------------------------------------------------------------
 
 
@@ -125,6 +136,13 @@ async def test_a_replayed_add_note_writes_one_note(store: Store) -> None:
     note = await replayed(lambda: store.add_note(_note()))
 
     assert [each.id for each in await store.notes("t:person:1")] == [note.id]
+
+
+async def test_a_replayed_forget_note_still_says_it_forgot(store: Store) -> None:
+    note = await store.add_note(_note())
+
+    assert await replayed(lambda: store.forget_note("t:person:1", note.id or 0))
+    assert await store.notes("t:person:1") == []
 
 
 def _approval() -> dict[str, Any]:
@@ -146,6 +164,26 @@ async def test_a_replayed_add_approval_writes_one_approval(store: Store) -> None
     assert [each.id for each in await store.pending_approvals()] == [approval.id]
 
 
+async def test_a_replayed_decide_approval_still_wins(store: Store) -> None:
+    approval = await store.add_approval(_approval())
+    assert approval.id is not None
+    decision = {"status": "allowed", "decided_by": "U1", "decided_at": utc_now()}
+
+    assert await replayed(lambda: store.decide_approval(approval.id or 0, decision))
+    stored = await store.approval(approval.id)
+    assert stored is not None and (stored.status, stored.decided_by) == ("allowed", "U1")
+    assert not await store.decide_approval(approval.id, {"status": "denied"}), "first wins"
+
+
+async def test_a_replayed_revoke_grants_counts_what_it_revoked(store: Store) -> None:
+    await a_turn(store)
+    for tool in ("shell", "fetch_url"):
+        await store.add_grant("t:p", {"tool": tool, "granted_by": "Ann", "created_at": utc_now()})
+
+    assert await replayed(lambda: store.revoke_grants("t:p")) == 2
+    assert await store.grants("t:p") == []
+
+
 async def test_a_replayed_add_plan_writes_one_plan(store: Store) -> None:
     started = await a_turn(store)
     now = utc_now()
@@ -162,6 +200,38 @@ async def test_a_replayed_add_plan_writes_one_plan(store: Store) -> None:
     added = await replayed(lambda: store.add_plan(plan))
 
     assert [each.id for each in await store.plans(started.conversation_id, 10)] == [added.id]
+
+
+# -- sub-agent runs -------------------------------------------------------------------------------
+
+
+async def test_a_replayed_start_runs_returns_its_runs_once(store: Store) -> None:
+    started = await a_turn(store)
+    runs = [RunStart("one", "helper", "m", "do one"), RunStart("two", "helper", "m", "do two")]
+
+    stored = await replayed(
+        lambda: store.start_runs(started.conversation_id, started.turn_id, runs, max_total=2)
+    )
+
+    assert [key for _, key in stored] == ["a1", "a2"]
+    rows = await store.runs(started.conversation_id)
+    assert [(row.id, row.key) for row in rows] == stored
+
+
+async def test_a_replayed_record_run_keeps_one_transcript(store: Store) -> None:
+    started = await a_turn(store)
+    ((run_id, _),) = await store.start_runs(
+        started.conversation_id, started.turn_id, [RunStart("one", "helper", "m", "do one")]
+    )
+    said = [(0, "user", "do one", None, None), (1, "assistant", "done", None, None)]
+
+    await replayed(lambda: store.record_run(run_id, messages=said, values={"status": "done"}))
+
+    assert [(row.seq, row.text) for row in await store.transcript(run_id)] == [
+        (0, "do one"),
+        (1, "done"),
+    ]
+    assert await store.live_runs() == []
 
 
 # -- scheduled tasks ------------------------------------------------------------------------------
@@ -185,7 +255,35 @@ def _task() -> dict[str, Any]:
     }
 
 
+def _running() -> dict[str, Any]:
+    return {"late": False, "missed_slots": 0, "outcome": "running", "started_at": SLOT}
+
+
 async def test_a_replayed_create_task_writes_one_task(store: Store) -> None:
     task = await replayed(lambda: store.create_task(_task()))
 
     assert [each.id for each in await store.tasks()] == [task.id]
+
+
+@pytest.mark.parametrize("moving", [True, False], ids=["moving-next-run", "one-shot"])
+async def test_a_replayed_claim_slot_finds_its_own_run(store: Store, moving: bool) -> None:
+    task = await store.create_task(_task())
+    assert task.id is not None
+    move = (SLOT, FOLLOWING) if moving else None
+
+    run_id = await replayed(lambda: store.claim_slot(task.id or 0, SLOT, _running(), move))
+
+    (run,) = await store.task_runs(task.id)
+    assert run_id is not None and run_id == run.id
+    await store.finish_task_run(run_id, {"outcome": "done", "finished_at": SLOT}, task.id, {})
+    assert [each.outcome for each in await store.task_runs(task.id)] == ["done"]
+    assert await store.claim_slot(task.id, SLOT, _running()) is None, "the slot is taken"
+
+
+async def test_a_replayed_close_unfinished_task_runs_counts_them(store: Store) -> None:
+    task = await store.create_task(_task())
+    assert task.id is not None
+    await store.claim_slot(task.id, SLOT, _running())
+
+    assert await replayed(lambda: store.close_unfinished_task_runs("t:p")) == 1
+    assert [run.outcome for run in await store.task_runs(task.id)] == ["interrupted"]
