@@ -10,10 +10,12 @@ Its modules, and why each stands alone:
 - `base.py`: `StoreBase`, the engine, the database threads and `_call`, the one way to the
   database; `not_awaited` for calls nobody waits on.
 - `engine.py`: opening the database (`StoreSettings`, `BACKENDS`), once, at start-up.
-- `units.py`: the unit shapes and statements every kind shares, and fitting values to columns.
+- `units.py`: the unit shapes and statements every kind shares, and fitting values to columns;
+  how every write stays true when its transaction is replayed after a lost COMMIT answer (each
+  kind's module says how its own writes do).
 - `rows/`: one module per kind of row, with its methods, its statements and its records
-  (`rows/turns.py` also says how a turn's common path runs and how each write stays true when a
-  transaction is replayed).
+  (`rows/turns.py` also says how a turn's common path runs and how its writes stay true under
+  that replay).
 - `dbthread.py`: the database thread (queueing, group commit, outages); `tables.py`: the
   SQLModel tables; `schema.py` and `migrations/`: creating and upgrading the schema;
   `history.py`: the model-facing history built from stored messages.

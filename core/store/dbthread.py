@@ -22,8 +22,9 @@ Policy, and why:
   ended it) is one info line; an outage is a warning when it starts and one when it ends, with
   how long it lasted, however many threads saw it (`OutageLog`), never a traceback per call.
 
-A commit whose answer is lost with the connection is ambiguous; the group is then run again.
-Calls that must stay true under such a replay say how (see `core.store`).
+A commit whose answer is lost with the connection is ambiguous; the group is then run again,
+each call's unit as it was queued. Every write of the store stays true under such a replay: each
+unit carries what it needs to recognise its own earlier run (see `core.store.units`).
 """
 
 import asyncio
