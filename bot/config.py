@@ -149,6 +149,7 @@ class LoggingConfig:
     format: str = "text"
     """"text" (a line a person reads) or "json" (one object per line, for a log shipper)."""
     file: str = "kaiwa.log"
+    """In the data folder; "" writes no file (stderr only)."""
     max_bytes: int = 5_000_000
     backups: int = 3
 

@@ -1,5 +1,8 @@
 """Logging: stderr and a rotating file in the data directory, with secrets redacted.
 
+`[logging].file = ""` leaves the file out (stderr only): a container's log is its stderr, and
+workers sharing a data folder must not share one file.
+
 Redaction happens on the fully formatted line (message, arguments and traceback together), so a
 secret cannot slip through an exception's text or a library's log call.
 
@@ -82,11 +85,29 @@ def setup_logging(
     debug: bool = False,
     worker: str = "",
 ) -> None:
-    """The file log in `data_dir` and stderr; `debug` sends DEBUG lines to stderr too; a
-    cluster's `worker` names itself on every line. A folder Kaiwa may not write is a
-    `ConfigError` naming the setting."""
+    """The file log in `data_dir` (unless `[logging].file` is "") and stderr; `debug` sends
+    DEBUG lines to stderr too; a cluster's `worker` names itself on every line. A folder Kaiwa
+    may not write is a `ConfigError` naming the setting."""
     shape = JsonFormatter if config.format == "json" else RedactingFormatter
     formatter = shape(secrets, worker)
+    handlers: list[logging.Handler] = [_file_handler(config, data_dir)] if config.file else []
+    to_stderr = logging.StreamHandler(sys.stderr)
+    to_stderr.setLevel("DEBUG" if debug else config.stderr_level.upper())
+    to_stderr.addFilter(lambda record: not getattr(record, "printed", False))
+    handlers.append(to_stderr)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(min(handler.level for handler in handlers))
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _file_handler(config: LoggingConfig, data_dir: Path) -> logging.Handler:
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
         to_file = logging.handlers.RotatingFileHandler(
@@ -98,16 +119,4 @@ def setup_logging(
             "[storage].data_dir to a folder Kaiwa may write"
         ) from exc
     to_file.setLevel(config.level.upper())
-    to_stderr = logging.StreamHandler(sys.stderr)
-    to_stderr.setLevel("DEBUG" if debug else config.stderr_level.upper())
-    to_stderr.addFilter(lambda record: not getattr(record, "printed", False))
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        handler.close()
-    for handler in (to_file, to_stderr):
-        handler.setFormatter(formatter)
-        root.addHandler(handler)
-    root.setLevel(min(to_file.level, to_stderr.level))
-    for name in QUIET_LIBRARIES:
-        logging.getLogger(name).setLevel(logging.WARNING)
+    return to_file

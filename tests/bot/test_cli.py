@@ -296,6 +296,20 @@ async def test_a_data_folder_kaiwa_cannot_write_is_one_line(
     assert line.endswith("set [storage].data_dir to a folder Kaiwa may write")
 
 
+async def test_the_log_file_can_be_turned_off(ollama: FakeOllama, tmp_path: Path) -> None:
+    """Regression (issue 33): the log file could not be turned off, so each container wrote one
+    of its own beside its stderr; `[logging].file = ""` now logs to stderr only."""
+    config = write_config(tmp_path, ollama.url)
+    config.write_text(config.read_text() + '\n[logging]\nfile = ""\nstderr_level = "INFO"\n')
+
+    code, _, err = await finish(await kaiwa("--config", str(config), "run"))
+
+    assert code == 0, err
+    assert "INFO bot.app: stopped: 0 replies stopped, 0 queued messages kept" in err
+    assert (tmp_path / "state" / "kaiwa.db").is_file()
+    assert not list((tmp_path / "state").glob("kaiwa.log*"))
+
+
 async def test_a_mistyped_database_port_is_one_line(ollama: FakeOllama, tmp_path: Path) -> None:
     url = "postgresql+psycopg://kaiwa:hunter2@127.0.0.1:54x2/kaiwa"
     config = write_config(tmp_path, ollama.url)
