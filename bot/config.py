@@ -14,6 +14,10 @@ gives it.
 Which file: `--config PATH`, else `$KAIWA_CONFIG`, else `./config.toml` if present, else the
 embedded defaults. Relative paths in the file are relative to the file's folder.
 
+Two settings that differ between workers sharing one file also come from the environment, where
+set and not empty: `$KAIWA_WORKER_ID` ([cluster].worker_id) and `$KAIWA_METRICS_PORT`
+([metrics].port). They are applied before the checks, which then name the variable.
+
 An agent profile may also be a Markdown file in `[assistant].profiles_dir`: a YAML front matter
 (`name`, `description`, `model`, `tools`, `max_iterations`, `delegates_to`) between `---` lines,
 then the system prompt as the body, which reads better there than in a TOML string. The front
@@ -61,6 +65,8 @@ from workflows.plan.settings import PlanSettings
 logger = logging.getLogger(__name__)
 
 CONFIG_ENV = "KAIWA_CONFIG"
+WORKER_ID_ENV = "KAIWA_WORKER_ID"
+METRICS_PORT_ENV = "KAIWA_METRICS_PORT"
 FRONT_MATTER = "---"
 PROFILE_KEYS = ("name", "description", "model", "tools", "max_iterations", "delegates_to")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -227,7 +233,7 @@ def config_path(cli_path: str | None) -> Path | None:
 
 def load_config(path: Path | None) -> Config:
     if path is None:
-        return _checked(Config())
+        return _checked(_with_environment(Config()))
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
@@ -235,7 +241,30 @@ def load_config(path: Path | None) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
     config = dataclasses.replace(_build(Config, data, ""), base_dir=path.resolve().parent)
-    return _checked(_with_profile_files(config))
+    return _checked(_with_environment(_with_profile_files(config)))
+
+
+def _with_environment(config: Config) -> Config:
+    """`config` with the settings `$KAIWA_WORKER_ID` and `$KAIWA_METRICS_PORT` give."""
+    worker_id = os.environ.get(WORKER_ID_ENV)
+    if worker_id:
+        config = dataclasses.replace(
+            config, cluster=dataclasses.replace(config.cluster, worker_id=worker_id)
+        )
+    port = os.environ.get(METRICS_PORT_ENV)
+    if port:
+        metrics = dataclasses.replace(config.metrics, port=_port(METRICS_PORT_ENV, port))
+        config = dataclasses.replace(config, metrics=metrics)
+    return config
+
+
+def _port(variable: str, value: str) -> int:
+    if not (value.isascii() and value.isdigit() and 1 <= int(value) <= 65535):
+        raise ConfigError(
+            f"${variable} must be a port number from 1 to 65535, got {value!r} (unset it to "
+            "use the config file's port)"
+        )
+    return int(value)
 
 
 def _with_profile_files(config: Config) -> Config:

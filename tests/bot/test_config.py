@@ -257,3 +257,38 @@ def test_two_listeners_at_one_port_need_paths_of_their_own(tmp_path: Path) -> No
     clash += "[metrics]\nenabled = true\nport = 8443\n"
     with pytest.raises(ConfigError, match=r"both answer /healthz on port 8443"):
         load_config(write(tmp_path, clash))
+
+
+# -- environment overrides --------------------------------------------------------------------
+
+
+def test_two_workers_on_one_host_share_one_file_through_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (issue 33): `worker_id` and `[metrics].port` had no environment override, so
+    two workers on one host needed two config files."""
+    path = write(tmp_path, "[cluster]\nworker_id = 'from-file'\n[metrics]\nport = 9464\n")
+    monkeypatch.setenv("KAIWA_WORKER_ID", "box-2")
+    monkeypatch.setenv("KAIWA_METRICS_PORT", "9465")
+
+    config = load_config(path)
+
+    assert (config.cluster.worker_id, config.metrics.port) == ("box-2", 9465)
+    monkeypatch.setenv("KAIWA_WORKER_ID", "")  # empty is unset, as an empty line of a .env
+    monkeypatch.setenv("KAIWA_METRICS_PORT", "")
+    assert (load_config(path).cluster.worker_id, load_config(path).metrics.port) == (
+        "from-file",
+        9464,
+    )
+
+
+@pytest.mark.parametrize("value", ["http", "0", "65536", "94.64"])
+def test_a_metrics_port_variable_that_is_not_a_port_names_the_variable(
+    value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAIWA_METRICS_PORT", value)
+    with pytest.raises(
+        ConfigError,
+        match=rf"\$KAIWA_METRICS_PORT must be a port number from 1 to 65535, got '{value}'",
+    ):
+        load_config(None)
