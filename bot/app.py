@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from bot import kaiwa_version
 from bot.adapters import Adapter, TerminalIO, configured
-from bot.checks import find_problems
+from bot.checks import NothingToServe, find_problems, nothing_to_serve
 from bot.config import Config
 from bot.logs import PRINTED, setup_logging
 from bot.supervision import Leased, Supervised
@@ -32,7 +32,7 @@ from core.agent.model import ModelClient
 from core.channel import Channel, Deliver
 from core.cluster.settings import worker_name
 from core.dispatch.recovery import Leftovers, Recovery, leftovers
-from core.errors import ConfigError, StoreError
+from core.errors import StoreError
 from core.features.mcp.servers import McpServers
 from core.features.schedule.scheduler import Scheduler
 from core.store import Store
@@ -54,7 +54,8 @@ async def run(
     config: Config, stop_requested: asyncio.Event, terminal: TerminalIO, *, debug: bool = False
 ) -> int:
     """`kaiwa run`: check, start the channels, serve until input ends or a stop is requested.
-    Returns the exit status: 0, or 1 when a problem stopped Kaiwa."""
+    Returns the exit status: 0, or 1 when a problem stopped Kaiwa. With no channel to serve,
+    raises `NothingToServe` before anything starts."""
     worker = worker_name(config.cluster) if config.cluster.enabled else ""
     setup_logging(config.logging, config.data_dir, config.secrets(), debug=debug, worker=worker)
     turn_settings(config)  # a config error stops Kaiwa before anything starts
@@ -63,11 +64,7 @@ async def run(
     adapters = configured(config, terminal)
     if not adapters:
         await model.close()
-        raise ConfigError(
-            "no channel to serve: set a platform's token variable ([channels.telegram].token_env, "
-            "[channels.slack].bot_token_env, [channels.discord].token_env)"
-            + ("" if config.cluster.enabled else " or keep [channels.terminal].enabled = true")
-        )
+        raise NothingToServe(nothing_to_serve(config))
     try:
         problems = await find_problems(config, model, adapters)
         if problems:

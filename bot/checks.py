@@ -1,4 +1,9 @@
-"""Start-up checks shared by `kaiwa check` and `kaiwa run`: each problem comes with its fix."""
+"""Start-up checks shared by `kaiwa check` and `kaiwa run`: each problem comes with its fix.
+
+No channel to serve is a configuration error of its own (`NothingToServe`), with its own exit
+status: a service manager that restarts Kaiwa with the same environment cannot change it, and
+`kaiwa check` reports it too, so that it can stand in front of the workers (deploy/).
+"""
 
 from collections.abc import Sequence
 from typing import Protocol
@@ -6,7 +11,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from bot.config import Config
 from core.agent.model import ModelClient, model_is_available
-from core.errors import ModelError
+from core.errors import ConfigError, ModelError
+
+
+class NothingToServe(ConfigError):
+    """No channel would start: no platform has its token, and the terminal is off."""
 
 
 class Checkable(Protocol):
@@ -21,6 +30,21 @@ async def find_problems(
     for channel in channels:
         problems += await channel.problems()
     return problems
+
+
+def nothing_to_serve(config: Config) -> str:
+    """Why no channel would start, naming each variable whose token would start one."""
+    channels = config.channels
+    tokens = [
+        (channels.telegram.enabled, channels.telegram.token_env, "telegram].token_env"),
+        (channels.slack.enabled, channels.slack.bot_token_env, "slack].bot_token_env"),
+        (channels.discord.enabled, channels.discord.token_env, "discord].token_env"),
+    ]
+    missing = [f"${name} ([channels.{key})" for enabled, name, key in tokens if enabled]
+    terminal = "" if config.cluster.enabled else "; or keep [channels.terminal].enabled = true"
+    if not missing:
+        return f"no channel to serve: every platform is off (enabled = false){terminal}"
+    return f"no channel to serve: set a platform's token variable: {', '.join(missing)}{terminal}"
 
 
 async def _model_problems(config: Config, model: ModelClient) -> list[str]:

@@ -1,5 +1,11 @@
 """The `kaiwa` command. Only argparse is imported before the arguments are parsed, so
-`kaiwa --help` is instant; configuration and the application load once a command runs."""
+`kaiwa --help` is instant; configuration and the application load once a command runs.
+
+Its exit statuses are named here, once, and listed by `kaiwa --help` (`EXIT_STATUSES`); the
+README and deploy/'s service files rely on them. `NOTHING_TO_SERVE` differs from a configuration
+error so that a service manager can leave a worker started without any platform token stopped
+instead of restarting it in a loop.
+"""
 
 import argparse
 import asyncio
@@ -13,6 +19,18 @@ from bot import kaiwa_version
 if TYPE_CHECKING:
     from bot.config import Config
 
+FAILED = 1
+CONFIG_ERROR = 2
+NOTHING_TO_SERVE = 3
+INTERRUPTED = 130
+EXIT_STATUSES = {
+    0: "stopped properly (end of input, Ctrl-C, SIGTERM); `kaiwa check` found no problem",
+    FAILED: "could not start, or stopped by a problem; `kaiwa check` found one",
+    CONFIG_ERROR: "a configuration error (the line names the key or variable)",
+    NOTHING_TO_SERVE: "no channel to serve: no platform's token variable is set",
+    INTERRUPTED: "interrupted at once (a second Ctrl-C)",
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
@@ -23,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(config_path(args.config))
     except ConfigError as exc:
         print(f"kaiwa: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return CONFIG_ERROR
     from bot import reports
+    from bot.checks import NothingToServe
 
     try:
         if args.command == "check":
@@ -34,12 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_run(config, debug=args.debug))
     except ConfigError as exc:
         print(f"kaiwa: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return NOTHING_TO_SERVE if isinstance(exc, NothingToServe) else CONFIG_ERROR
     except KaiwaError as exc:
         print(f"kaiwa: cannot start: {exc}", file=sys.stderr)
-        return 1
+        return FAILED
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
     except Exception as exc:  # one line for a person; the traceback with --debug
         if args.debug:
             raise
@@ -48,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             "--debug to see where",
             file=sys.stderr,
         )
-        return 1
+        return FAILED
 
 
 async def _run(config: "Config", *, debug: bool) -> int:
@@ -59,7 +78,7 @@ async def _run(config: "Config", *, debug: bool) -> int:
 
     def on_signal() -> None:
         if stop_requested.is_set():
-            os._exit(130)  # the second Ctrl-C: leave at once
+            os._exit(INTERRUPTED)  # the second Ctrl-C: leave at once
         stop_requested.set()
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: a closed terminal
@@ -90,8 +109,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kaiwa",
         description="Kaiwa: a multi-channel agent chat bot on Ollama.",
-        epilog="The config file is --config, else $KAIWA_CONFIG, else ./config.toml, "
-        "else the embedded defaults.",
+        epilog="The config file is --config, else $KAIWA_CONFIG, else ./config.toml,\nelse "
+        "the embedded defaults.\n\nexit status:\n"
+        + "".join(f"  {code:<4} {meaning}\n" for code, meaning in EXIT_STATUSES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"kaiwa {kaiwa_version()}")
     _add_options(parser, command=False)

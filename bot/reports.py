@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TextIO
 
 from bot.adapters import TerminalIO, configured, no_lines
-from bot.checks import find_problems
+from bot.checks import find_problems, nothing_to_serve
 from bot.config import Config
 from bot.figures import live_figures
 from bot.wiring import access_rules, assemble, features, turn_settings
@@ -39,6 +39,8 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
     tasks = ""
     try:
         problems += await find_problems(config, model, opened)
+        if not opened:
+            problems.append(nothing_to_serve(config))
         windows = [] if problems else await agent_windows(config, model)
         problems += servers.problems()
         if not problems:

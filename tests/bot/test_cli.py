@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.cli import NOTHING_TO_SERVE
 from core.store import Store
 from core.store.history import CUT_OFF, SHUTDOWN
 from tests.fakes.discord import BOT_TOKEN as DISCORD_TOKEN
@@ -254,6 +255,7 @@ async def test_help(flag: str) -> None:
     code, out, _ = await finish(await kaiwa(flag))
     assert code == 0
     assert "usage: kaiwa" in out and "check" in out
+    assert f"\n  {NOTHING_TO_SERVE}    no channel to serve: no platform's token variable" in out
 
 
 async def test_a_missing_discord_intent_stops_the_start_with_the_fix(
@@ -437,20 +439,58 @@ async def test_an_unknown_tool_to_ask_about_is_refused_not_silently_unguarded(
     assert "fetch_url" in err and "remember" in err and "schedule_task" in err
 
 
-async def test_a_worker_with_no_channel_to_serve_says_so(
-    ollama: FakeOllama, tmp_path: Path
-) -> None:
-    """Regression: a cluster worker (the terminal is off there) with no platform token crashed
-    with "Set of Tasks/Futures is empty" instead of saying what was missing."""
-    config = write_config(tmp_path, ollama.url)
+def without_terminal(config: Path) -> Path:
     config.write_text(
         config.read_text().replace(
             "[channels.terminal]\n", "[channels.terminal]\nenabled = false\n"
         )
     )
-    code, _, err = await finish(await kaiwa("--config", str(config), "run"))
-    assert code == 2
+    return config
+
+
+NO_TOKEN = {"KAIWA_TELEGRAM_TOKEN": "", "KAIWA_SLACK_BOT_TOKEN": "", "KAIWA_DISCORD_TOKEN": ""}
+"""An empty .env: every platform's token variable set, to nothing."""
+
+
+async def test_a_worker_with_no_channel_to_serve_says_so(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """Regression: a cluster worker (the terminal is off there) with no platform token crashed
+    with "Set of Tasks/Futures is empty" instead of saying what was missing."""
+    config = without_terminal(write_config(tmp_path, ollama.url))
+    code, _, err = await finish(await kaiwa("--config", str(config), "run", env=NO_TOKEN))
+    assert code == NOTHING_TO_SERVE
     assert err.startswith("kaiwa: configuration error: no channel to serve: set a platform's")
+
+
+async def test_no_channel_token_exits_with_its_own_code_naming_the_variables(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """Regression (issue 33): a worker started with an empty .env exited 2 like any config
+    error, so Docker Compose restarted it in a loop; its own exit status lets a service manager
+    leave it stopped, and the line names the variables to set."""
+    config = without_terminal(write_config(tmp_path, ollama.url))
+    config.write_text(config.read_text() + "\n[channels.slack]\nenabled = false\n")
+
+    code, _, err = await finish(await kaiwa("--config", str(config), "run", env=NO_TOKEN))
+
+    assert code == NOTHING_TO_SERVE not in (1, 2)
+    (line,) = err.splitlines()
+    assert "$KAIWA_TELEGRAM_TOKEN ([channels.telegram].token_env)" in line
+    assert "$KAIWA_DISCORD_TOKEN ([channels.discord].token_env)" in line
+    assert "SLACK" not in line, "Slack is off: its variable is not missing"
+    assert line.endswith("or keep [channels.terminal].enabled = true")
+
+
+async def test_check_fails_when_no_channel_would_start(ollama: FakeOllama, tmp_path: Path) -> None:
+    """Regression (issue 33): `kaiwa check` said "channels ready: none" and exited 0 where
+    `kaiwa run` refuses to start, so it could not stand in front of the workers."""
+    config = without_terminal(write_config(tmp_path, ollama.url))
+    code, out, _ = await finish(await kaiwa("--config", str(config), "check", env=NO_TOKEN))
+    assert code == 1
+    assert out.splitlines()[-1].startswith(
+        "problem: no channel to serve: set a platform's token variable: $KAIWA_TELEGRAM_TOKEN"
+    )
 
 
 async def test_an_unknown_critic_tool_is_a_configuration_error(
