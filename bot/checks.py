@@ -6,6 +6,7 @@ status: a service manager that restarts Kaiwa with the same environment cannot c
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -26,10 +27,19 @@ async def find_problems(
     config: Config, model: ModelClient, channels: Sequence[Checkable] = ()
 ) -> list[str]:
     """Every problem that would stop Kaiwa from working, each with its fix."""
-    problems = _timezone_problems(config) + await _model_problems(config, model)
+    problems = timezone_problems(config) + (await check_models(config, model)).problems
     for channel in channels:
         problems += await channel.problems()
     return problems
+
+
+@dataclass(frozen=True)
+class Models:
+    """What Ollama says of the models the config names."""
+
+    reachable: bool
+    found: list[str]
+    problems: list[str]
 
 
 def nothing_to_serve(config: Config) -> str:
@@ -47,21 +57,21 @@ def nothing_to_serve(config: Config) -> str:
     return f"no channel to serve: set a platform's token variable: {', '.join(missing)}{terminal}"
 
 
-async def _model_problems(config: Config, model: ModelClient) -> list[str]:
+async def check_models(config: Config, model: ModelClient) -> Models:
+    """Whether Ollama answers, and which of the agents' and the critic's models it has."""
     try:
         available = await model.list_models()
     except ModelError as exc:
-        return [str(exc)]
+        return Models(reachable=False, found=[], problems=[str(exc)])
     critic = config.workflows.plan.critic_model
     wanted = sorted({agent.model for agent in config.agents.values()} | ({critic} - {""}))
-    return [
-        f"model {name} not found: run `ollama pull {name}`"
-        for name in wanted
-        if not model_is_available(name, available)
-    ]
+    found = [name for name in wanted if model_is_available(name, available)]
+    missing = [name for name in wanted if name not in found]
+    problems = [f"model {name} not found: run `ollama pull {name}`" for name in missing]
+    return Models(reachable=True, found=found, problems=problems)
 
 
-def _timezone_problems(config: Config) -> list[str]:
+def timezone_problems(config: Config) -> list[str]:
     zone = config.assistant.timezone
     if not zone:
         return []

@@ -119,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, about in (
         ("run", "start the configured channels (the default)"),
-        ("check", "check that Ollama is reachable and the models are pulled"),
+        ("check", "check everything a start needs: what is fine, then each problem"),
         ("status", "conversations, today's turns and tokens, the last errors, the live figures"),
     ):
         # the options work after the command too (`kaiwa run --debug`); given there, they win

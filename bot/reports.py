@@ -1,18 +1,20 @@
 """`kaiwa check` and `kaiwa status`: what an operator asks of Kaiwa without running it.
 
 `check` tries everything a start needs (the database, Ollama and its models, each channel's
-token, the MCP servers) and prints every problem with its fix; `status` reads the store (and,
+token, the MCP servers) and prints what is fine, then every problem with its fix: a problem in
+one part hides nothing of the others. `status` reads the store (and,
 with several workers, who is alive and who holds each platform's connection) without starting a
 channel or asking Ollama, then asks the running worker for its live figures (`bot.figures`).
 """
 
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TextIO
 
-from bot.adapters import TerminalIO, configured, no_lines
-from bot.checks import find_problems, nothing_to_serve
+from bot.adapters import Adapter, TerminalIO, configured, no_lines
+from bot.checks import Models, check_models, nothing_to_serve, timezone_problems
 from bot.config import Config
 from bot.figures import live_figures
 from bot.wiring import access_rules, assemble, features, turn_settings
@@ -27,27 +29,27 @@ from core.turns.turn import TurnRequest
 
 
 async def check(config: Config, output: TextIO = sys.stdout) -> int:
-    """`kaiwa check`: print every problem with its fix; non-zero exit if there is any. A
-    warning (tools whose schemas crowd a small window) is printed too, and fails nothing."""
+    """`kaiwa check`: print what is fine, then every problem with its fix; non-zero exit if
+    there is any. A warning (tools whose schemas crowd a small window) is printed among what is
+    fine, and fails nothing."""
     turn_settings(config)
     model = ModelClient(config.ollama)
     opened = configured(config, TerminalIO(lines=no_lines()))
     servers = McpServers(config.mcp, once=True)  # a restart's backoff would only slow it
     await servers.start()
     store, problems = await _opened_store(config)
-    crowded: list[str] = []
-    tasks = ""
     try:
-        problems += await find_problems(config, model, opened)
-        if not opened:
-            problems.append(nothing_to_serve(config))
-        windows = [] if problems else await agent_windows(config, model)
-        problems += servers.problems()
-        if not problems:
-            assert store is not None
+        models = await check_models(config, model)
+        ready, unready = await _channels(config, opened)
+        problems += timezone_problems(config) + models.problems + unready + servers.problems()
+        fine = [*_ollama_line(config, models), *ready]
+        windows = await agent_windows(config, model, models.found)
+        fine += [f"context window: {window.line}" for window in windows]
+        if store is not None:
             crowded = await _crowded_windows(config, store, servers, model, windows)
-            tasks = await _tasks_line(config, store)
-        described = servers.describe()
+            fine += [f"warning: {line}" for line in crowded]
+            fine.append(f"tasks: {await _tasks_line(config, store)}")
+        fine += [f"mcp: {line}" for line in servers.describe()]
     finally:
         await servers.close()
         await model.close()
@@ -55,18 +57,29 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
             await adapter.close()
         if store is not None:
             await store.close()
-    for problem in problems:
-        output.write(f"problem: {problem}\n")
-    if not problems:
-        models = ", ".join(sorted({agent.model for agent in config.agents.values()}))
-        names = ", ".join(adapter.platform for adapter in opened)
-        output.write(f"ok: Ollama at {config.ollama.url} is reachable and has {models}\n")
-        output.write(f"ok: channels ready: {names or 'none'}\n")
-        output.writelines(f"context window: {window.line}\n" for window in windows)
-        output.writelines(f"warning: {line}\n" for line in crowded)
-        output.write(f"tasks: {tasks}\n")
-        output.writelines(f"mcp: {line}\n" for line in described)
+    output.writelines(f"{line}\n" for line in fine)
+    output.writelines(f"problem: {problem}\n" for problem in problems)
     return 1 if problems else 0
+
+
+def _ollama_line(config: Config, models: Models) -> list[str]:
+    if models.found:
+        has = ", ".join(models.found)
+        return [f"ok: Ollama at {config.ollama.url} is reachable and has {has}"]
+    return [f"ok: Ollama at {config.ollama.url} is reachable"] if models.reachable else []
+
+
+async def _channels(config: Config, opened: list[Adapter]) -> tuple[list[str], list[str]]:
+    """The line naming the channels that would start, and the problems of the others."""
+    if not opened:
+        return [], [nothing_to_serve(config)]
+    ready, problems = [], []
+    for adapter in opened:
+        found = await adapter.problems()
+        problems += found
+        if not found:
+            ready.append(adapter.platform)
+    return ([f"ok: channels ready: {', '.join(ready)}"] if ready else []), problems
 
 
 async def _opened_store(config: Config) -> tuple[Store | None, list[str]]:
@@ -138,10 +151,14 @@ class AgentWindow:
     """The window and where it comes from, in words."""
 
 
-async def agent_windows(config: Config, model: ModelClient) -> list[AgentWindow]:
-    """Each agent's context window, and where it comes from."""
+async def agent_windows(
+    config: Config, model: ModelClient, available: Collection[str]
+) -> list[AgentWindow]:
+    """The context window of each agent whose model is `available`, and where it comes from."""
     windows = []
     for name, agent in config.agents.items():
+        if agent.model not in available:
+            continue
         if agent.context_window:
             line = f"{name}: {agent.context_window:,} tokens (agents.{name}.context_window)"
             windows.append(AgentWindow(name, agent.context_window, line))

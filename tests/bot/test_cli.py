@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bot.cli import NOTHING_TO_SERVE
+from core.features.mcp.servers import McpServerSettings
 from core.store import Store
 from core.store.history import CUT_OFF, SHUTDOWN
 from tests.fakes.discord import BOT_TOKEN as DISCORD_TOKEN
@@ -21,6 +22,16 @@ from tests.ports import free_port
 from tests.processes import WAIT_SECONDS, finish, kaiwa, write_config
 
 READY = "Kaiwa is ready"
+MCP_TOOLS = (
+    "fake.add, fake.crash, fake.environment, fake.fail, fake.file_ticket, fake.hang, fake.log, "
+    "fake.picture, fake.pid, fake.resources, fake.shout"
+)
+"""What `kaiwa check` lists for the fake MCP server (tests/fakes/mcp_server.py)."""
+MCP_LINE = f"mcp: fake: 11 tools ({MCP_TOOLS}); gets the variables " + ", ".join(
+    sorted(McpServerSettings(command="fake").environment())
+)
+"""Its whole line: the tools, then the variables it is started with (those of Kaiwa's basics
+set here: a `kaiwa` the tests start has their environment)."""
 
 
 async def read_until(process: asyncio.subprocess.Process, text: str) -> str:
@@ -35,12 +46,9 @@ async def read_until(process: asyncio.subprocess.Process, text: str) -> str:
     return seen
 
 
-async def test_check_passes_when_the_model_is_there(ollama: FakeOllama, tmp_path: Path) -> None:
-    code, out, _ = await finish(
-        await kaiwa("--config", str(write_config(tmp_path, ollama.url)), "check")
-    )
-    assert code == 0
-    assert out == (
+def all_fine(ollama: FakeOllama) -> str:
+    """What `kaiwa check` says of `write_config`'s setup when every part of it is fine."""
+    return (
         f"ok: Ollama at {ollama.url} is reachable and has test-model\n"
         "ok: channels ready: terminal\n"
         "context window: assistant: 16,384 tokens (test-model takes up to 40,960; "
@@ -49,11 +57,24 @@ async def test_check_passes_when_the_model_is_there(ollama: FakeOllama, tmp_path
     )
 
 
+async def test_check_passes_when_the_model_is_there(ollama: FakeOllama, tmp_path: Path) -> None:
+    code, out, _ = await finish(
+        await kaiwa("--config", str(write_config(tmp_path, ollama.url)), "check")
+    )
+    assert code == 0
+    assert out == all_fine(ollama)
+
+
 async def test_check_names_the_model_to_pull(ollama: FakeOllama, tmp_path: Path) -> None:
     config = write_config(tmp_path, ollama.url, model="qwen3:4b")
     code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
     assert code == 1
-    assert out == "problem: model qwen3:4b not found: run `ollama pull qwen3:4b`\n"
+    assert out == (
+        f"ok: Ollama at {ollama.url} is reachable\n"
+        "ok: channels ready: terminal\n"
+        "tasks: no scheduled task\n"
+        "problem: model qwen3:4b not found: run `ollama pull qwen3:4b`\n"
+    )
 
 
 async def test_check_names_a_database_it_cannot_open_without_its_password(
@@ -68,7 +89,11 @@ async def test_check_names_a_database_it_cannot_open_without_its_password(
     )
 
     assert code == 1
-    database, model = out.splitlines()
+    reachable, channels, database, model = out.splitlines()
+    assert (reachable, channels) == (
+        f"ok: Ollama at {ollama.url} is reachable",
+        "ok: channels ready: terminal",
+    )
     assert database.startswith(
         "problem: cannot open the database postgresql+psycopg://kaiwa:***@127.0.0.1:"
     )
@@ -94,7 +119,7 @@ async def test_check_names_a_telegram_token_that_is_wrong(
         )
         code, out, _ = await finish(process)
     assert code == 1
-    assert out == (
+    assert out == all_fine(ollama) + (
         "problem: Telegram rejected the bot token in $KAIWA_TELEGRAM_TOKEN (401 Unauthorized): "
         "copy the token @BotFather gave you into that variable\n"
     )
@@ -113,7 +138,7 @@ async def test_check_names_a_slack_token_that_is_wrong(ollama: FakeOllama, tmp_p
         )
         code, out, _ = await finish(process)
     assert code == 1
-    assert out == (
+    assert out == all_fine(ollama) + (
         "problem: Slack rejected the bot token in $KAIWA_SLACK_BOT_TOKEN (invalid_auth): copy it "
         "again from your app's settings\n"
     )
@@ -524,13 +549,9 @@ async def test_check_lists_each_mcp_server_with_its_tools_and_the_variables_it_g
     process = await kaiwa("--config", str(config), "check", env={"TICKETS_TOKEN": "t-42"})
     code, out, _ = await finish(process)
     assert code == 0
-    listed = (
-        "fake.add, fake.crash, fake.environment, fake.fail, fake.file_ticket, fake.hang, "
-        "fake.log, fake.picture, fake.pid, fake.resources, fake.shout"
-    )
     (line,) = [line for line in out.splitlines() if line.startswith("mcp: fake: ")]
     tools, _, variables = line.partition("; gets the variables ")
-    assert tools == f"mcp: fake: 11 tools ({listed})"
+    assert tools == f"mcp: fake: 11 tools ({MCP_TOOLS})"
     assert {"LOG_LEVEL", "TICKETS_TOKEN", "PATH"} <= set(variables.split(", "))
     assert "t-42" not in out and "debug" not in out
 
@@ -603,12 +624,38 @@ async def test_check_fails_naming_each_mcp_server_that_cannot_start_and_why(
     code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
     assert code == 1
     fix = "and args (run the command by hand to see its error)"
-    assert out == (
+    assert out == all_fine(ollama) + f"{MCP_LINE}\n" + (
         "problem: MCP server gone does not start: FileNotFoundError: [Errno 2] No such file or "
         f"directory: '/nonexistent/mcp-server'; check [mcp.gone].command {fix}\n"
         "problem: MCP server keyless does not start: it exited: no API key: set FAKE_KEY; "
         f"check [mcp.keyless].command {fix}\n"
     )
+
+
+async def test_check_shows_what_is_fine_beside_a_problem(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """Regression (issue 33): with one problem, `kaiwa check` printed only the problem, hiding
+    which MCP servers, tools and windows were fine."""
+    config = write_config(tmp_path, ollama.url)
+    config.write_text(
+        config.read_text()
+        + f'\n[mcp.fake]\ncommand = "{sys.executable}"\n'
+        + 'args = ["-m", "tests.fakes.mcp_server", "stdio"]\n'
+        + '\n[mcp.gone]\ncommand = "/nonexistent/mcp-server"\n'
+    )
+
+    code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
+
+    assert code == 1
+    *fine, problem = out.splitlines()
+    assert fine[:2] == [
+        f"ok: Ollama at {ollama.url} is reachable and has test-model",
+        "ok: channels ready: terminal",
+    ]
+    assert fine[2].startswith("context window: assistant: 16,384 tokens")
+    assert fine[3:5] == ["tasks: no scheduled task", MCP_LINE]
+    assert problem.startswith("problem: MCP server gone does not start: FileNotFoundError")
 
 
 async def test_check_warns_when_the_tools_schemas_crowd_a_small_window(
