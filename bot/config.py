@@ -14,9 +14,8 @@ gives it.
 Which file: `--config PATH`, else `$KAIWA_CONFIG`, else `./config.toml` if present, else the
 embedded defaults. Relative paths in the file are relative to the file's folder.
 
-Two settings that differ between workers sharing one file also come from the environment, where
-set and not empty: `$KAIWA_WORKER_ID` ([cluster].worker_id) and `$KAIWA_METRICS_PORT`
-([metrics].port). They are applied before the checks, which then name the variable.
+`$KAIWA_WORKER_ID` and `$KAIWA_METRICS_PORT`, where set and not empty, replace [cluster].worker_id
+and [metrics].port (they differ between workers sharing one file), before the checks.
 
 An agent profile may also be a Markdown file in `[assistant].profiles_dir`: a YAML front matter
 (`name`, `description`, `model`, `tools`, `max_iterations`, `delegates_to`) between `---` lines,
@@ -245,26 +244,19 @@ def load_config(path: Path | None) -> Config:
 
 
 def _with_environment(config: Config) -> Config:
-    """`config` with the settings `$KAIWA_WORKER_ID` and `$KAIWA_METRICS_PORT` give."""
-    worker_id = os.environ.get(WORKER_ID_ENV)
-    if worker_id:
-        config = dataclasses.replace(
-            config, cluster=dataclasses.replace(config.cluster, worker_id=worker_id)
+    """`config` with what `$KAIWA_WORKER_ID` and `$KAIWA_METRICS_PORT` say, where set."""
+    if os.environ.get(WORKER_ID_ENV):
+        cluster = dataclasses.replace(config.cluster, worker_id=os.environ[WORKER_ID_ENV])
+        config = dataclasses.replace(config, cluster=cluster)
+    port = os.environ.get(METRICS_PORT_ENV, "")
+    if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ConfigError(
+            f"${METRICS_PORT_ENV} must be a port number from 1 to 65535, got {port!r}"
         )
-    port = os.environ.get(METRICS_PORT_ENV)
     if port:
-        metrics = dataclasses.replace(config.metrics, port=_port(METRICS_PORT_ENV, port))
+        metrics = dataclasses.replace(config.metrics, port=int(port))
         config = dataclasses.replace(config, metrics=metrics)
     return config
-
-
-def _port(variable: str, value: str) -> int:
-    if not (value.isascii() and value.isdigit() and 1 <= int(value) <= 65535):
-        raise ConfigError(
-            f"${variable} must be a port number from 1 to 65535, got {value!r} (unset it to "
-            "use the config file's port)"
-        )
-    return int(value)
 
 
 def _with_profile_files(config: Config) -> Config:
