@@ -27,11 +27,11 @@ MCP_TOOLS = (
     "fake.picture, fake.pid, fake.resources, fake.shout"
 )
 """What `kaiwa check` lists for the fake MCP server (tests/fakes/mcp_server.py)."""
-MCP_LINE = f"mcp: fake: 11 tools ({MCP_TOOLS}); gets the variables " + ", ".join(
-    sorted(McpServerSettings(command="fake").environment())
-)
-"""Its whole line: the tools, then the variables it is started with (those of Kaiwa's basics
-set here: a `kaiwa` the tests start has their environment)."""
+BASICS = ", ".join(sorted(McpServerSettings(command="fake").environment()))
+"""The variables a stdio server gets of Kaiwa's basics set here (a `kaiwa` the tests start has
+their environment)."""
+MCP_LINE = f"mcp: fake: 11 tools ({MCP_TOOLS}); gets the variables {BASICS}"
+"""Its whole line: the tools, then the variables it is started with."""
 
 
 async def read_until(process: asyncio.subprocess.Process, text: str) -> str:
@@ -624,7 +624,10 @@ async def test_check_fails_naming_each_mcp_server_that_cannot_start_and_why(
     code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
     assert code == 1
     fix = "and args (run the command by hand to see its error)"
-    assert out == all_fine(ollama) + f"{MCP_LINE}\n" + (
+    assert out == all_fine(ollama) + (
+        f"{MCP_LINE}\n"
+        f"mcp: gone: gets the variables {BASICS}\n"
+        f"mcp: keyless: gets the variables {BASICS}\n"
         "problem: MCP server gone does not start: FileNotFoundError: [Errno 2] No such file or "
         f"directory: '/nonexistent/mcp-server'; check [mcp.gone].command {fix}\n"
         "problem: MCP server keyless does not start: it exited: no API key: set FAKE_KEY; "
@@ -654,7 +657,11 @@ async def test_check_shows_what_is_fine_beside_a_problem(
         "ok: channels ready: terminal",
     ]
     assert fine[2].startswith("context window: assistant: 16,384 tokens")
-    assert fine[3:5] == ["tasks: no scheduled task", MCP_LINE]
+    assert fine[3:] == [
+        "tasks: no scheduled task",
+        MCP_LINE,
+        f"mcp: gone: gets the variables {BASICS}",
+    ]
     assert problem.startswith("problem: MCP server gone does not start: FileNotFoundError")
 
 
