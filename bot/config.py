@@ -7,9 +7,8 @@ at start-up: an unknown key or a value of the wrong type fails naming the key an
 type, before anything starts. Secrets never live in the file: a `*_env` key names the
 environment variable that holds one.
 
-A settings class may inherit its fields, also from a generic base (`channels.settings`'s
-`PlatformSettings[int]`): a field typed by the base's parameter is read as the type the class
-gives it.
+Reading a table into its dataclass, strictly, is `bot.tables`' (a settings class may inherit its
+fields, also from a generic base: `channels.settings`'s `PlatformSettings[int]`).
 
 Which file: `--config PATH`, else `$KAIWA_CONFIG`, else `./config.toml` if present, else the
 embedded defaults. Relative paths in the file are relative to the file's folder.
@@ -32,14 +31,12 @@ import logging
 import os
 import re
 import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
+from bot.tables import build_table
 from channels.settings import (
     DiscordSettings,
     PlatformSettings,
@@ -239,7 +236,7 @@ def load_config(path: Path | None) -> Config:
         raise ConfigError(f"config file {path} does not exist") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    config = dataclasses.replace(_build(Config, data, ""), base_dir=path.resolve().parent)
+    config = dataclasses.replace(build_table(Config, data, ""), base_dir=path.resolve().parent)
     return _checked(_with_environment(_with_profile_files(config)))
 
 
@@ -299,83 +296,7 @@ def _read_profile(path: Path) -> tuple[str, AgentConfig]:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{path}: 'name' must be a string")
     prompt = {"system_prompt": body.strip()} if body.strip() else {}
-    return name, _build(AgentConfig, {**fields, **prompt}, f"{path}: ")
-
-
-def _build(cls: type, data: Any, prefix: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"'{prefix.rstrip('.')}' must be a table")
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "base_dir"}
-    hints = _field_types(cls)
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in fields:
-            raise ConfigError(f"unknown key '{prefix}{key}'; valid keys here: {', '.join(fields)}")
-        values[key] = _value(hints[key], value, f"{prefix}{key}")
-    return cls(**values)
-
-
-def _field_types(cls: type) -> dict[str, Any]:
-    """Each field's type, with the type parameters of generic bases bound to what `cls` gives
-    them (`list[Id]` in a `PlatformSettings[int]` is `list[int]`)."""
-    bound = _bindings(cls)
-    return {name: _bind(hint, bound) for name, hint in typing.get_type_hints(cls).items()}
-
-
-def _bindings(cls: type) -> dict[Any, Any]:
-    """What each type parameter of `cls`'s generic bases, and of theirs, stands for in `cls`."""
-    bound: dict[Any, Any] = {}
-    for base in getattr(cls, "__orig_bases__", ()):
-        origin = typing.get_origin(base)
-        if not isinstance(origin, type) or origin is typing.Generic:
-            continue
-        given = dict(zip(origin.__parameters__, typing.get_args(base), strict=True))
-        inherited = {param: _bind(hint, given) for param, hint in _bindings(origin).items()}
-        bound |= inherited | given
-    return bound
-
-
-def _bind(hint: Any, bound: dict[Any, Any]) -> Any:
-    if isinstance(hint, typing.TypeVar):
-        return bound.get(hint, hint)
-    parameters = getattr(hint, "__parameters__", ())
-    return hint[tuple(bound.get(p, p) for p in parameters)] if parameters else hint
-
-
-def _value(hint: Any, value: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, f"{key}.")
-    origin = typing.get_origin(hint)
-    if origin is dict:
-        _, item = typing.get_args(hint)
-        if not isinstance(value, dict):
-            raise ConfigError(f"'{key}' must be a table of tables")
-        return {name: _value(item, entry, f"{key}.{name}") for name, entry in value.items()}
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        if not isinstance(value, list):
-            raise ConfigError(f"'{key}' must be a list, got {_kind(value)}")
-        return [_value(item, entry, f"{key}[{index}]") for index, entry in enumerate(value)]
-    if origin is types.UnionType:
-        return _value(typing.get_args(hint)[0], value, key)
-    return _scalar(hint, value, key)
-
-
-def _scalar(hint: type, value: Any, key: str) -> Any:
-    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if hint is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if hint in (str, bool) and type(value) is hint:
-        return value
-    expected = {float: "a number", int: "an integer", str: "a string", bool: "true or false"}
-    raise ConfigError(f"'{key}' must be {expected[hint]}, got {_kind(value)} {value!r}")
-
-
-def _kind(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
-        type(value), f"a {type(value).__name__}"
-    )
+    return name, build_table(AgentConfig, {**fields, **prompt}, f"{path}: ")
 
 
 def _check_telegram_webhook(telegram: TelegramSettings) -> None:
