@@ -18,8 +18,9 @@ platform's own markup, with the platform's errors mapped to `RateLimited` and `P
 - A refused call (`PlatformError`) costs a frame, logged once per reply; `finish` tries the final
   text once more and then gives up. A post whose answer lacks the message's id, or never came
   (`LostMessage`: the post may be out), ends the reply's calls: the message cannot be edited,
-  and posting it again might show it twice. `finish` then posts one short notice instead, so the
-  person knows part of the reply may be missing and that it was kept.
+  and posting it again might show it twice. `finish` then shows the messages before it in
+  their final form, and posts one short notice instead of the rest, so the person knows part of
+  the reply may be missing and that it was kept.
 - `delivery` says what the platform shows once `finish` returns: the final text (`SHOWN`), an
   older one (`STALE`), or nothing (`NOTHING`, not one message posted).
 - Thinking and tool activity appear as one status line under the text while the reply streams,
@@ -30,7 +31,11 @@ platform's own markup, with the platform's errors mapped to `RateLimited` and `P
 - A platform whose messages can carry buttons (`Transport.controls`) shows a Stop button
   (`channels.presses.STOP`) under every message of the reply while it streams; `finish` shows
   each one's final form without it, editing a message whose text is already final just to take
-  the button away.
+  the button away. Where a lost post can never be found (`Transport.buttons_after_post`:
+  Telegram), a message is posted without the button, which comes with the reply's next edit:
+  the next frame's, or, when none comes within an interval, one the reply makes itself (so a
+  model that stalls after its first words can still be stopped). A lost post then shows no
+  button that nothing could take away.
 - A reply taken up after a restart (`posted`) starts from those messages, text unknown, so the
   final text replaces them; it shows no "typing…", since text is already there.
 - The final text may need fewer messages than were shown (a status line that spilled into a
@@ -122,13 +127,15 @@ class Transport(Protocol):
     """One place on one platform (a chat, a thread), in the platform's own terms.
 
     `buttons` go under the message on a transport with `controls` (each press is its command,
-    `channels.presses`); others ignore them. Every call may raise `RateLimited` or
-    `PlatformError`.
+    `channels.presses`); others ignore them. A transport with `buttons_after_post` cannot learn
+    which message a lost post made, so a reply posts each message without buttons and adds them
+    by an edit. Every call may raise `RateLimited` or `PlatformError`.
     """
 
     limit: int
     measure: Callable[[str], int]
     controls: bool
+    buttons_after_post: bool
 
     async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
         """Post a new message with `text` (Markdown); return its id (`LostMessage` if the
@@ -175,6 +182,12 @@ class _Shown:
     buttons: tuple[Button, ...]
     """Shown under it (a Stop button, which the final form must take away)."""
 
+    @classmethod
+    def unknown(cls, message_id: str) -> "_Shown":
+        """A message of the reply whose text is not known here (posted by an earlier process),
+        so the final text replaces it, and its Stop button goes."""
+        return cls(message_id, "", (STOP,))
+
 
 class StreamingReply:
     def __init__(
@@ -192,10 +205,16 @@ class StreamingReply:
         self._on_post = on_post
         self._settings = settings
         self._place = place
-        self._shown: list[_Shown] = [_Shown(message_id, "", (STOP,)) for message_id in posted]
+        self._shown: list[_Shown] = [_Shown.unknown(message_id) for message_id in posted]
         self._quiet_until = 0.0
         self._refused = False
         self._lost: LostMessage | None = None
+        self._newest = ""
+        """The text (with its status line) of the newest frame."""
+        self._changing = asyncio.Lock()
+        """One change at a time: a frame's, or the buttons added after a post (`_add_buttons`)."""
+        self._finishing = asyncio.Event()
+        self._adding: asyncio.Task[None] | None = None
         self.delivery = Delivery.NOTHING
         self._text_shows = asyncio.Event()
         if self._shown:
@@ -211,14 +230,49 @@ class StreamingReply:
         if not body or self._lost is not None:
             return
         self._text_shows.set()
-        if asyncio.get_running_loop().time() < self._quiet_until:
-            return  # too soon (an interval or a rate limit): a later frame or `finish` shows it
-        try:
-            await self._show(self._pieces(body), live=True)
-        except RateLimited as limited:
-            self._keep_quiet(limited.retry_after)
-        except PlatformError as exc:
-            self._frame_refused(exc)
+        self._newest = body
+        await self._show_live()
+
+    async def _show_live(self) -> bool:
+        """The newest frame, with the Stop button, unless it is too soon (an interval or a rate
+        limit: a later frame, `_add_buttons` or `finish` shows it); False if it was refused."""
+        async with self._changing:
+            if self._lost is not None or self._finishing.is_set():
+                return True
+            if asyncio.get_running_loop().time() < self._quiet_until:
+                return True
+            try:
+                await self._show(self._pieces(self._newest), live=True)
+            except RateLimited as limited:
+                self._keep_quiet(limited.retry_after)
+            except PlatformError as exc:
+                self._frame_refused(exc)
+                return False
+        self._owe_buttons()
+        return True
+
+    def _owe_buttons(self) -> None:
+        if self._buttons_owed() and (self._adding is None or self._adding.done()):
+            self._adding = asyncio.create_task(self._add_buttons(), name=f"Stop in {self._place}")
+
+    def _buttons_owed(self) -> bool:
+        """Whether a live message lacks its Stop button (posted without: `buttons_after_post`)."""
+        live = self._lost is None and not self._finishing.is_set() and self._transport.controls
+        return live and any(not shown.buttons for shown in self._shown)
+
+    async def _add_buttons(self) -> None:
+        """The Stop button under each message posted without it, by an edit one interval after
+        the next change is allowed, so that a frame coming meanwhile carries it instead: a reply
+        whose model stalls after its first words can be stopped all the same. Ends by an event
+        (`finish`), never by cancelling."""
+        loop = asyncio.get_running_loop()
+        while self._buttons_owed():
+            wait = self._quiet_until + self._settings.min_interval - loop.time()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, wait)):
+                    await self._finishing.wait()
+            if not await self._show_live():
+                return
 
     async def finish(
         self, text: str, outcome: Outcome, note: str | None, *, tools: tuple[str, ...] = ()
@@ -226,6 +280,9 @@ class StreamingReply:
         """Show the final text, through rate limits for up to `final_edit_seconds`; set
         `delivery`. A platform that will not show it is logged, never raised."""
         self._text_shows.set()
+        self._finishing.set()
+        if self._adding is not None:
+            await asyncio.shield(self._adding)  # a change on its way is let through first
         pieces = self._pieces(final_text(text, outcome, note))
         try:
             await self._show_finally(pieces)
@@ -241,13 +298,30 @@ class StreamingReply:
 
     async def _show_finally(self, pieces: list[str]) -> None:
         if self._lost is not None:
+            await self._final_form_before_the_lost(pieces)
             raise self._lost
+        await self._keep_showing(pieces)
+
+    async def _keep_showing(self, pieces: list[str]) -> None:
+        """`pieces` and no message beyond them, through rate limits (`final_edit_seconds`)."""
         await keep_trying(
             lambda: self._show_all(pieces),
             self._settings.final_edit_seconds,
             first_wait=self._quiet_until - asyncio.get_running_loop().time(),
             done=lambda: self._shows_finally(pieces),
         )
+
+    async def _final_form_before_the_lost(self, pieces: list[str]) -> None:
+        """The messages before a lost post, in their final form, without the Stop button (the
+        rest of the text has no message it can go in)."""
+        try:
+            await self._keep_showing(pieces[: len(self._shown)])
+        except (RateLimited, PlatformError) as exc:
+            logger.warning(
+                "the reply in %s: the messages before its lost post keep an older form: %s",
+                self._place,
+                exc,
+            )
 
     def _not_shown(self, error: Exception) -> None:
         self.delivery = Delivery.STALE if self._shown else Delivery.NOTHING
@@ -323,8 +397,9 @@ class StreamingReply:
                         shown.text, shown.buttons = piece, buttons
                 else:
                     called = True
-                    message_id = await self._transport.send(piece, buttons=buttons)
-                    self._shown.append(_Shown(message_id, piece, buttons))
+                    posted_with = () if self._transport.buttons_after_post else buttons
+                    message_id = await self._transport.send(piece, buttons=posted_with)
+                    self._shown.append(_Shown(message_id, piece, posted_with))
                     self._posts_changed()
         finally:
             if called:

@@ -40,6 +40,7 @@ class DiscordTransport:
 
     limit = MESSAGE_LIMIT
     controls = True
+    buttons_after_post = False  # a post without an answer is sent again with its nonce
     measure = staticmethod(len)
 
     def __init__(

@@ -57,6 +57,7 @@ class SlackTransport:
 
     limit = MESSAGE_LIMIT
     controls = True
+    buttons_after_post = False  # a lost post is read back (`own_posts`)
 
     def __init__(
         self,

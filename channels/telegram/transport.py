@@ -3,7 +3,11 @@
 Replies are written by `channels.rendering.StreamingReply` through `TelegramTransport`: Markdown
 becomes Telegram HTML, and if Telegram still rejects the entities the same text goes out plain,
 so nothing is lost to a formatting quirk. While a reply streams, its message carries a Stop
-button (an inline keyboard); the final edit leaves the keyboard out, which takes it away.
+button (an inline keyboard); the final edit leaves the keyboard out, which takes it away. The
+button is never sent with the post (`buttons_after_post`): it comes with the reply's next edit.
+A bot can learn a message's id only from the answer to its post (the Bot API reads no chat's
+messages back, and a bot's own messages come as no update), so a post whose answer was lost
+can never be edited, and a Stop button sent with it would stay under it for ever.
 
 Telegram's errors are mapped here (`mapped_errors`) and nowhere else, for every call of a reply,
 a notice or a press's answer: 429 → `RateLimited`, "message is not modified" → nothing to do,
@@ -46,6 +50,7 @@ class TelegramTransport:
 
     limit = MESSAGE_LIMIT
     controls = True
+    buttons_after_post = True
     measure = staticmethod(utf16_len)
 
     def __init__(self, bot: Bot, chat_id: int, reply_to: int | None) -> None:

@@ -137,7 +137,9 @@ async def test_the_stop_button_stops_the_reply_keeps_its_text_and_goes_away(
     platform: Platform,
 ) -> None:
     """Pressing Stop is typing /stop: the reply keeps its partial text, on the platform and in
-    the store; its button goes; "Stopped." is told to the presser alone."""
+    the store; its button goes; "Stopped." is told to the presser alone. The button is there
+    though the model stalls after its first words (on Telegram it comes by an edit after the
+    post, one the reply makes itself when no frame comes)."""
     ollama = platform.bot.ollama
     ollama.script(Text("The beginning of a long story"), Pause("story"), Text(" never told"))
 
@@ -145,7 +147,7 @@ async def test_the_stop_button_stops_the_reply_keeps_its_text_and_goes_away(
     await platform.wait_until(
         lambda: platform.shown(ANN) == ["The beginning of a long story"], "the partial reply"
     )
-    assert platform.has_stop_button(ANN), "a streaming reply can be stopped"
+    await platform.wait_until(lambda: platform.has_stop_button(ANN), "a reply one can stop")
     platform.press_stop(ANN)
     await platform.wait_until(lambda: platform.told_privately(ANN) == ["Stopped."], "the answer")
 
@@ -162,6 +164,7 @@ async def test_a_strangers_press_stops_nothing(platform: Platform) -> None:
 
     platform.say(ANN, "a question")
     await platform.wait_until(lambda: platform.shown(ANN) == ["An answer for Ann"], "streaming")
+    await platform.wait_until(lambda: platform.has_stop_button(ANN), "the Stop button")
     platform.press_stop(ANN, user=MALLORY)
     await platform.wait_until(lambda: platform.told_privately(ANN), "the refusal")
     (refusal,) = platform.told_privately(ANN)
@@ -460,7 +463,9 @@ async def test_a_post_answered_without_its_id_ends_the_replys_calls(platform: Pl
     on editing message "None". Then the regression: Slack's first frame stayed in the thread for
     ever, Stop button and all. Slack lets a bot read back its own messages, so there the post
     is found and the reply goes on with it; elsewhere it is not sent again, and the person is
-    told part of the reply may be missing."""
+    told part of the reply may be missing. And the bug of issue 33: on Telegram the first frame
+    kept its Stop button for ever, since nothing could take away what was posted with it
+    (on Discord, whose API always answers with the id, it still does)."""
     platform.answer_posts_without_ids()
     reply = platform.reply(ANN)
     await reply.update(Frame("First words"))
@@ -473,6 +478,8 @@ async def test_a_post_answered_without_its_id_ends_the_replys_calls(platform: Pl
         assert reply.delivery is Delivery.SHOWN
         return
     assert platform.shown(ANN) == ["First words", LOST_NOTICE], "posted once, then told"
+    if platform.name == "telegram":
+        assert not platform.has_stop_button(ANN), "the lost post went out without one"
     assert platform.edits_tried(ANN) == 0
     assert reply.posted == () and reply.delivery is Delivery.NOTHING
 
@@ -496,6 +503,7 @@ async def test_a_post_whose_answer_never_came_is_never_sent_twice(platform: Plat
     else:
         assert platform.shown(ANN) == ["First words", LOST_NOTICE], "posted once, then told"
         assert reply.posted == () and reply.delivery is Delivery.NOTHING
+    assert not platform.has_stop_button(ANN)
 
 
 async def test_a_reply_the_platform_refuses_ends_with_nothing_delivered(

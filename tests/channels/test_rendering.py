@@ -27,13 +27,18 @@ GUARD_SECONDS = deadline()  # no test here waits this long unless something is w
 
 class Board:
     """A platform as a list of messages. `limited` makes the next calls raise RateLimited,
-    `refusals` raise what they hold; `typing_gate`, once set to an event, keeps each "typing…"
-    call in flight until it is set."""
+    `refusals` raise what they hold; `answers_lost` names posts (by their place in order) that
+    land but raise `LostMessage`, as a post whose answer never came; `typing_gate`, once set to
+    an event, keeps each "typing…" call in flight until it is set. `edited` is set by each
+    edit."""
 
     limit = 50
 
-    def __init__(self, *, controls: bool = False) -> None:
+    def __init__(self, *, controls: bool = False, buttons_after_post: bool = False) -> None:
         self.controls = controls
+        self.buttons_after_post = buttons_after_post
+        self.answers_lost: set[int] = set()
+        self.edited = asyncio.Event()
         self.messages: list[str] = []
         self.live: list[bool] = []
         """Whether each message shows the Stop button."""
@@ -52,12 +57,15 @@ class Board:
         self._maybe_limit("send")
         self.messages.append(text)
         self.live.append(buttons == (STOP,))
+        if len(self.messages) - 1 in self.answers_lost:
+            raise LostMessage("the answer never came")
         return str(len(self.messages) - 1)
 
     async def edit(self, message_id: str, text: str, *, buttons: Sequence[Button] = ()) -> None:
         self._maybe_limit("edit")
         self.messages[int(message_id)] = text
         self.live[int(message_id)] = buttons == (STOP,)
+        self.edited.set()
 
     async def delete(self, message_id: str) -> None:
         self._maybe_limit("delete")
@@ -218,6 +226,39 @@ async def test_controls_are_taken_away_even_when_the_text_is_already_final() -> 
     assert board.live == [False]
     assert board.calls.count("edit") == 1
     assert loop.time() - shown_at >= 0.05, "taking the control away is a change like any other"
+
+
+async def test_a_message_posted_bare_gets_its_stop_button_once_the_interval_allows() -> None:
+    """On a platform that cannot learn a lost post's id (Telegram), a message goes out without
+    its Stop button, and the reply adds it by an edit, though no frame comes after (a model that
+    stalls after its first words is stoppable), no sooner than the interval allows."""
+    board = Board(controls=True, buttons_after_post=True)
+    reply = StreamingReply(board, RenderSettings(min_interval=0.05), PLACE)
+    loop = asyncio.get_running_loop()
+    await reply.update(Frame("The first words"))
+    posted_at = loop.time()
+    assert board.live == [False], "posted without the button"
+    await asyncio.wait_for(board.edited.wait(), GUARD_SECONDS)
+    assert loop.time() - posted_at >= 0.05, "adding the button is a change like any other"
+    assert board.messages == ["The first words"] and board.live == [True]
+    await reply.finish("The first words, and the rest.", Outcome.DONE, None)
+    assert board.live == [False] and board.calls.count("edit") == 2
+
+
+async def test_a_lost_follow_up_post_takes_the_stop_button_off_the_messages_before_it() -> None:
+    """The bug of issue 33: when a reply's second message was posted and its answer lost, the
+    reply made no more calls, and its first message kept its Stop button for ever. Now the
+    messages it knows show their final text without it, and the lost one, posted without the
+    button, shows none either; the person is told part of the reply may be missing."""
+    board = Board(controls=True, buttons_after_post=True)
+    board.answers_lost = {1}
+    reply = StreamingReply(board, RenderSettings(), PLACE)
+    words = ("word " * 16).strip()
+    await reply.update(Frame(words))
+    await reply.finish(f"{words}, and the end.", Outcome.DONE, None)
+    assert board.messages == [("word " * 10).strip(), ("word " * 6).strip(), LOST_NOTICE]
+    assert board.live == [False, False, False]
+    assert reply.delivery is Delivery.STALE
 
 
 async def test_every_overflow_message_loses_its_control_at_the_end() -> None:

@@ -216,7 +216,7 @@ async def test_in_a_group_anyone_allowed_may_press_stop_and_a_stranger_is_told_a
         ollama.script(Text("A long answer"), Pause("long"), Text(" that goes on"))
         mention_in_group(fake, "explain everything")
         await telegram.wait_until(lambda: telegram.shown(GROUP) == ["A long answer"], "stream")
-        assert telegram.has_stop_button(GROUP)
+        await telegram.wait_until(lambda: telegram.has_stop_button(GROUP), "the Stop button")
 
         telegram.press_stop(GROUP, user=MALLORY)
         await telegram.wait_until(lambda: telegram.told_privately(GROUP), "the refusal")
@@ -242,7 +242,7 @@ async def test_an_answer_too_long_for_a_press_goes_to_the_chat() -> None:
     place = TelegramPlace(ANN).key
 
     async with FakeTelegram() as fake:
-        channel = channel_on(fake, poll_timeout=1)
+        channel = channel_on(fake, poll_timeout=1, edit_interval=0.05)
 
         async def deliver(message: ChannelMessage) -> None:
             await channel.notify(message.place, notice)
@@ -251,6 +251,7 @@ async def test_an_answer_too_long_for_a_press_goes_to_the_chat() -> None:
         await fake.wait_until(lambda: fake.calls_to("getUpdates"), what="a poll")
         reply = channel.open_reply(place, None)
         await reply.update(Frame("Working"))
+        await fake.wait_until(lambda: fake.sent(ANN)[0].buttons, what="the Stop button")
         (live,) = fake.sent(ANN)
         fake.press_button(ANN, live.message_id, payload(STOP))
         await fake.wait_until(lambda: len(fake.sent(ANN)) == 2, what="the notice")
