@@ -18,9 +18,11 @@ platform's own markup, with the platform's errors mapped to `RateLimited` and `P
 - A refused call (`PlatformError`) costs a frame, logged once per reply; `finish` tries the final
   text once more and then gives up. A post whose answer lacks the message's id, or never came
   (`LostMessage`: the post may be out), ends the reply's calls: the message cannot be edited,
-  and posting it again might show it twice. `finish` then shows the messages before it in
-  their final form, and posts one short notice instead of the rest, so the person knows part of
-  the reply may be missing and that it was kept.
+  and posting it again might show it twice. `finish` looks for it once more where the platform
+  lets a bot read its messages back (`LostMessage.find`, Slack's): found, it shows the final
+  text, without its Stop button, and the reply ends as any other. Otherwise the messages before
+  it take their final form, and one short notice is posted instead of the rest, so the person
+  knows part of the reply may be missing and that it was kept.
 - `delivery` says what the platform shows once `finish` returns: the final text (`SHOWN`), an
   older one (`STALE`), or nothing (`NOTHING`, not one message posted).
 - Thinking and tool activity appear as one status line under the text while the reply streams,
@@ -96,9 +98,19 @@ class PlatformError(Exception):
     the message says which, in words for the log."""
 
 
+FindLost = Callable[[], Awaitable[str | None]]
+"""How a platform looks again for a lost post: its message's id, None if it did not land;
+`LostMessage` while that still cannot be told."""
+
+
 class LostMessage(PlatformError):
     """A post went through, or may have (its answer never came), but nothing says which message
-    it made: it is never sent again."""
+    it made: it is never sent again. `find`, on a platform that lets a bot read its messages
+    back (Slack), looks for it again later."""
+
+    def __init__(self, why: str, find: FindLost | None = None) -> None:
+        super().__init__(why)
+        self.find = find
 
 
 @contextlib.contextmanager
@@ -184,8 +196,8 @@ class _Shown:
 
     @classmethod
     def unknown(cls, message_id: str) -> "_Shown":
-        """A message of the reply whose text is not known here (posted by an earlier process),
-        so the final text replaces it, and its Stop button goes."""
+        """A message of the reply whose text is not known here (posted by an earlier process,
+        or a lost post found later), so the final text replaces it, and its Stop button goes."""
         return cls(message_id, "", (STOP,))
 
 
@@ -297,6 +309,7 @@ class StreamingReply:
         await asyncio.shield(self._typing)  # ends at its next turn; a request in flight goes on
 
     async def _show_finally(self, pieces: list[str]) -> None:
+        await self._find_lost()
         if self._lost is not None:
             await self._final_form_before_the_lost(pieces)
             raise self._lost
@@ -310,6 +323,23 @@ class StreamingReply:
             first_wait=self._quiet_until - asyncio.get_running_loop().time(),
             done=lambda: self._shows_finally(pieces),
         )
+
+    async def _find_lost(self) -> None:
+        """A lost post, looked for once more where the platform lets a bot read its messages
+        (`LostMessage.find`): found, the reply goes on with it; known not to have landed, the
+        reply posts the rest. Never posted again while it may be out."""
+        lost = self._lost
+        if lost is None or lost.find is None:
+            return
+        try:
+            message_id = await lost.find()
+        except (RateLimited, PlatformError) as exc:
+            logger.warning("the reply in %s: its lost post is not found: %s", self._place, exc)
+            return
+        self._lost = None
+        if message_id is not None:
+            self._shown.append(_Shown.unknown(message_id))
+            self._posts_changed()
 
     async def _final_form_before_the_lost(self, pieces: list[str]) -> None:
         """The messages before a lost post, in their final form, without the Stop button (the

@@ -18,14 +18,18 @@ A post answered without its `ts` (never the text "None" as a message id), or who
 came, is looked for among the bot's newest messages (`channels.slack.own_posts`): found, the
 reply goes on with it; a post without an answer that is not there did not land, and is posted
 once more; whatever is still unknown is a `LostMessage`: it may be out, so it is not sent again.
+The reply looks for it once more as it finishes (`LostMessage.find`): found then, the message
+shows the final text, and the Stop button it was posted with goes; only a Slack that cannot be
+asked then either leaves it as it was.
 slack_sdk's own retries follow the same rule (`OnlyIdempotentRetries`): a call that creates a
 message is never sent twice by the library.
 """
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -51,13 +55,16 @@ ACTION_ID_LIMIT = 255
 ACTIONS_PER_BLOCK = 25
 POSTS_TRIED = 2  # a post without an answer that did not land is posted once more
 
+Find = Callable[[str, str], Awaitable[str | None]]
+"""A look for a post by its mrkdwn and the newest ts before it (`SlackTransport._find`)."""
+
 
 class SlackTransport:
     """One Slack thread (or top-level DM) as `channels.rendering` sees it."""
 
     limit = MESSAGE_LIMIT
     controls = True
-    buttons_after_post = False  # a lost post is read back (`own_posts`)
+    buttons_after_post = False  # a lost post is read back (`own_posts`), its button then taken away
 
     def __init__(
         self,
@@ -94,16 +101,35 @@ class SlackTransport:
             try:
                 ts = await self._post(mrkdwn, blocks)
             except LostMessage:  # sent, and no answer came
-                ts = await self._find(mrkdwn, since)
+                ts = await self._looking(self._find, mrkdwn, since)
                 if ts is None:
                     logger.info("Slack: a chat.postMessage got no answer and did not land")
                     continue
             else:
-                ts = ts or await self._found(mrkdwn, since)
-            await self._stop_working()
-            self._newest = ts
+                ts = ts or await self._looking(self._found, mrkdwn, since)
+            await self._landed(ts)
             return ts
         raise PlatformError(f"Slack answered none of {POSTS_TRIED} chat.postMessage calls")
+
+    async def _landed(self, ts: str) -> None:
+        await self._stop_working()
+        self._newest = ts
+
+    async def _looking(self, find: Find, mrkdwn: str, since: str) -> str | None:
+        """What `find` says of a post whose ts Slack did not give. While that cannot be told,
+        a `LostMessage` that can look once more later (`LostMessage.find`): the reply does so
+        as it finishes, to show its final text in the message, and no Stop button."""
+        try:
+            return await find(mrkdwn, since)
+        except LostMessage as lost:
+            later = functools.partial(self._found_later, find, mrkdwn, since)
+            raise LostMessage(str(lost), find=later) from lost
+
+    async def _found_later(self, find: Find, mrkdwn: str, since: str) -> str | None:
+        ts = await find(mrkdwn, since)
+        if ts is not None:
+            await self._landed(ts)
+        return ts
 
     async def _post(self, mrkdwn: str, blocks: list[dict[str, Any]] | None) -> str | None:
         """The new message's ts; None when Slack's answer leaves it out."""
@@ -125,6 +151,7 @@ class SlackTransport:
         return ts
 
     async def _find(self, mrkdwn: str, since: str) -> str | None:
+        """The ts of a post without an answer; None if it did not land."""
         return await find_own_post(self._client, self._where, mrkdwn, since, self._who_am_i)
 
     async def edit(self, message_id: str, text: str, *, buttons: Sequence[Button] = ()) -> None:

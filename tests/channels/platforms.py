@@ -140,6 +140,11 @@ class Platform(Protocol):
         unanswered."""
         ...
 
+    def fail_the_next_read_back(self, chat: int) -> None:
+        """The platform refuses the bot's next reading of `chat`'s messages (Slack's look for
+        a post whose answer was lost); a platform where a bot reads none back ignores this."""
+        ...
+
     def typing_waits_for_text(self) -> None:
         """From now on a "typing…" request is answered only once the bot has shown new text in
         its chat, so it is still in flight when the reply's first text goes out."""
@@ -198,6 +203,10 @@ class OnAFake:
 
     def has_stop_button(self, chat: int) -> bool:
         return payload(STOP) in self.buttons(chat)
+
+    def fail_the_next_read_back(self, chat: int) -> None:
+        """Nothing to refuse: only Slack's bot reads its messages back (Telegram's Bot API has
+        no method for it, and Discord's nonce makes a repeated post return the first)."""
 
     def press_stop(self, chat: int, *, user: int | None = None) -> None:
         self.press(chat, payload(STOP), user=user)
@@ -396,6 +405,9 @@ class SlackPlatform(OnAFake):
 
     def hang_up_on_the_next_post(self, chat: int) -> None:
         self.fake.hang_up_after("chat.postMessage")
+
+    def fail_the_next_read_back(self, chat: int) -> None:
+        self.fake.fail_next("conversations.history", error="internal_error")  # a DM's top level
 
     def posts_near(self, params: Mapping[str, Any]) -> Callable[[], int]:
         channel = str(params["channel"])

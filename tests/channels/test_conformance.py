@@ -506,6 +506,31 @@ async def test_a_post_whose_answer_never_came_is_never_sent_twice(platform: Plat
     assert not platform.has_stop_button(ANN)
 
 
+async def test_a_lost_post_found_later_ends_with_the_final_text_and_no_stop_button(
+    platform: Platform,
+) -> None:
+    """The bug of issue 33: a post whose answer never came, on a platform that could not be
+    asked about it then (Slack refused the read-back), stayed with its first frame and its Stop
+    button for ever, under a notice that part of the reply may be missing. Slack is asked
+    again when the reply finishes: the post is found, never posted again, and shows the final
+    text without the button. Telegram lets a bot learn nothing of it, so there the post went
+    out without the button, and the person is told; Discord's nonce finds the post at once."""
+    platform.hang_up_on_the_next_post(ANN)
+    platform.fail_the_next_read_back(ANN)
+    reply = platform.reply(ANN)
+    await reply.update(Frame("First words"))
+    await reply.update(Frame("First words and more"))
+    await reply.finish("First words and more, all of them.", Outcome.DONE, None)
+
+    assert not platform.has_stop_button(ANN)
+    if platform.name == "telegram":
+        assert platform.shown(ANN) == ["First words", LOST_NOTICE], "posted once, then told"
+        assert reply.posted == () and reply.delivery is Delivery.NOTHING
+        return
+    assert platform.shown(ANN) == ["First words and more, all of them."], "posted once"
+    assert len(reply.posted) == 1 and reply.delivery is Delivery.SHOWN
+
+
 async def test_a_reply_the_platform_refuses_ends_with_nothing_delivered(
     platform: Platform,
 ) -> None:

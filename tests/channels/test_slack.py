@@ -18,6 +18,7 @@ from channels.settings import SlackSettings
 from channels.slack.channel import SlackChannel, SlackTokens
 from channels.slack.names import DisplayNames
 from core.agent.tools import ToolContext
+from core.channel import Delivery, Frame, Outcome
 from core.errors import ChannelError
 from core.features.schedule.timing import ScheduleSettings, When
 from core.store import Store
@@ -26,6 +27,7 @@ from tests.channels.platforms import (
     BOB,
     SLACK_ALLOWED,
     running,
+    slack_buttons,
     slack_platform,
     slack_stop_button,
 )
@@ -151,6 +153,49 @@ async def test_the_stop_button_in_a_channel_thread_stops_that_thread(
     (reply,) = fake.posted(ROOM, opened)
     assert reply.text == "A long answer begins (stopped)" and reply.blocks is None
     assert await slack.bot.assistant_text(place(opened)) == "A long answer begins"
+
+
+async def test_a_post_found_only_as_the_reply_ends_shows_the_final_text_without_stop(
+    make_bot: BotFactory,
+) -> None:
+    """The bug of issue 33, in a channel's thread: Slack answered the first post without its ts
+    and then refused to show the thread, so the post stayed with its first words and its Stop
+    button for ever, under a notice that part of the reply may be missing. Looked for again as
+    the reply ends, it is found: edited to the final text, its button gone, never posted
+    twice."""
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        asked = fake.unseen_message(ROOM, "a question", user=ANN_ID)
+        reply = slack.bot.channel.open_reply(place(asked), f"{ROOM}:{asked}")
+        fake.answer_without("chat.postMessage", "ts")
+        fake.fail_next("conversations.replies", error="internal_error")
+        await reply.update(Frame("First words"))
+        await reply.update(Frame("First words and more"))
+        await reply.finish("First words and more, all of them.", Outcome.DONE, None)
+
+    (posted,) = fake.posted(ROOM, asked)
+    assert posted.text == "First words and more, all of them." and not slack_buttons(posted)
+    assert len(fake.calls_to("chat.postMessage")) == 1
+    assert len(fake.calls_to("conversations.replies")) == 2, "refused, then asked again"
+    assert reply.posted == (posted.ts,) and reply.delivery is Delivery.SHOWN
+
+
+async def test_a_post_known_only_as_the_reply_ends_not_to_have_landed_is_posted_then(
+    make_bot: BotFactory,
+) -> None:
+    """A post cut off before Slack took it, while Slack would not show the DM: the reply could
+    not tell whether it landed, and stopped. Asked again as it ends, Slack shows no such post,
+    so the final text is posted, once: nothing said is lost, nothing shows twice."""
+    async with slack_platform(make_bot) as slack:
+        fake = slack.fake
+        fake.hang_up_before("chat.postMessage")
+        slack.fail_the_next_read_back(ANN)
+        reply = slack.reply(ANN)
+        await reply.update(Frame("First words"))
+        await reply.finish("First words, and the rest.", Outcome.DONE, None)
+
+    assert slack.shown(ANN) == ["First words, and the rest."] and not slack.has_stop_button(ANN)
+    assert reply.delivery is Delivery.SHOWN
 
 
 async def test_a_press_is_acknowledged_before_the_stop_it_asks_for_is_over(
