@@ -1,0 +1,1 @@
+"""The web channel: a browser conversation is a place (see channel.py)."""
