@@ -1,0 +1,480 @@
+// Kaiwa's web chat page: the conversations of one person, kept live from one event stream.
+//
+// Why it is shaped so:
+// - The server owns every bubble; the page only mirrors it. Each `bubble` event carries a bubble's
+//   whole current state, so the page upserts it by id into a map per conversation and ignores a
+//   state no newer (by seq) than the one it has: an event replayed after a reconnect, or seen
+//   twice, changes nothing, and a bubble is on screen exactly once (or not at all once its state
+//   says `deleted`). The person's own message, too, appears when the server's event comes, never
+//   before.
+// - The server sanitizes Markdown into `html`; that is the only HTML the page ever sets. Every
+//   other text it shows (titles, labels, errors) goes through textContent.
+// - One EventSource for the whole page and all conversations: switching conversation only
+//   re-renders from memory. EventSource reconnects by itself with Last-Event-ID; when the
+//   browser gives up on it (an HTTP error), the page opens a new one with `?last=<seq>`.
+// - A message carries a client_id made once, so a retry after a network failure is the same
+//   message to the server (never answered twice); messages leave one at a time, in order.
+// - The CSP forbids inline script and style: no HTML strings, no style attributes.
+"use strict";
+
+(() => {
+  const RETRY_FIRST_MS = 500;
+  const RETRY_MOST_MS = 8000;
+  const RETRYABLE_STATUSES = new Set([502, 503, 504]);
+  const NEAR_BOTTOM_PX = 48;
+  const WHO = { person: "You", kaiwa: "Kaiwa", notice: "Notice" };
+  const SIGNED_OUT =
+    "Signed out: open the link Kaiwa printed (web chat: …), or run `kaiwa web-link` for a new one.";
+
+  const element = (id) => document.getElementById(id);
+  const ui = {
+    newConversation: element("new-conversation"),
+    list: element("conversations"),
+    title: element("conversation-title"),
+    connection: element("connection"),
+    log: element("log"),
+    problem: element("problem"),
+    composer: element("composer"),
+    message: element("message"),
+  };
+
+  const state = {
+    conversations: new Map(), // id → {id, title, updated, writing}
+    bubbles: new Map(), // conversation id → Map(bubble id → bubble)
+    open: null, // the id of the conversation on screen
+    shown: new Map(), // bubble id → its element, for the open conversation
+    items: new Map(), // conversation id → its list item
+    lastSeq: null, // the highest event id seen, for a stream opened anew
+  };
+
+  // ---- talking to the server ----
+
+  class Refused extends Error {
+    constructor(status, detail) {
+      super(status === 401 ? SIGNED_OUT : `the server answered ${status}${detail ? `: ${detail}` : ""}`);
+      this.status = status;
+    }
+  }
+
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  async function refusal(response) {
+    const text = (await response.text().catch(() => "")).trim();
+    let detail = text;
+    try {
+      const body = JSON.parse(text);
+      detail = body.error || body.message || text;
+    } catch {
+      // not JSON: the text as it is
+    }
+    return new Refused(response.status, String(detail).slice(0, 200));
+  }
+
+  async function request(method, path, body) {
+    const options = { method, credentials: "same-origin", headers: { Accept: "application/json" } };
+    if (method === "POST") {
+      options.headers["Content-Type"] = "application/json";
+      options.headers["X-Kaiwa"] = "1";
+      options.body = JSON.stringify(body ?? {});
+    }
+    const response = await fetch(path, options);
+    if (!response.ok) {
+      throw await refusal(response);
+    }
+    return response.status === 204 ? {} : response.json().catch(() => ({}));
+  }
+
+  const post = (path, body) => request("POST", path, body);
+
+  function isNetworkFailure(error) {
+    // fetch rejects with a TypeError when no answer came; a proxy's gateway errors are the same
+    return error instanceof TypeError || (error instanceof Refused && RETRYABLE_STATUSES.has(error.status));
+  }
+
+  function say(target, text) {
+    target.textContent = text;
+  }
+
+  // ---- the conversation list ----
+
+  const newestFirst = (a, b) =>
+    (Date.parse(b.updated) || 0) - (Date.parse(a.updated) || 0) || (a.id < b.id ? -1 : 1);
+
+  function remember(conversation) {
+    const known = state.conversations.get(conversation.id);
+    if (known && (Date.parse(known.updated) || 0) > (Date.parse(conversation.updated) || 0)) {
+      return; // a later state came by the stream while the list was on its way
+    }
+    state.conversations.set(conversation.id, { ...known, ...conversation });
+  }
+
+  function listItem(id) {
+    let item = state.items.get(id);
+    if (!item) {
+      item = document.createElement("li");
+      const link = document.createElement("a");
+      link.href = `#${encodeURIComponent(id)}`;
+      const title = document.createElement("span");
+      title.className = "title";
+      const writing = document.createElement("span");
+      writing.className = "writing";
+      writing.setAttribute("role", "img");
+      writing.setAttribute("aria-label", "writing");
+      link.append(title, writing);
+      item.append(link);
+      state.items.set(id, item);
+    }
+    return item;
+  }
+
+  function renderList() {
+    const conversations = [...state.conversations.values()].sort(newestFirst);
+    conversations.forEach((conversation, index) => {
+      const item = listItem(conversation.id);
+      const link = item.firstElementChild;
+      say(link.querySelector(".title"), conversation.title || "New conversation");
+      link.querySelector(".writing").hidden = !conversation.writing;
+      if (conversation.id === state.open) {
+        link.setAttribute("aria-current", "page");
+      } else {
+        link.removeAttribute("aria-current");
+      }
+      if (ui.list.children[index] !== item) {
+        ui.list.insertBefore(item, ui.list.children[index] ?? null); // moves only what moved
+      }
+    });
+    renderTitle();
+  }
+
+  function renderTitle() {
+    const open = state.open && state.conversations.get(state.open);
+    const title = open ? open.title || "New conversation" : state.open ? "New conversation" : "Kaiwa";
+    say(ui.title, title);
+    document.title = title === "Kaiwa" ? "Kaiwa" : `${title} · Kaiwa`;
+  }
+
+  async function loadConversations() {
+    try {
+      const { conversations = [] } = await request("GET", "/api/conversations");
+      conversations.forEach(remember);
+      renderList();
+      return true;
+    } catch (error) {
+      say(ui.problem, error instanceof Refused ? error.message : "Cannot reach Kaiwa.");
+      return false;
+    }
+  }
+
+  async function startConversation() {
+    try {
+      const { id } = await post("/api/conversations");
+      remember({ id, title: "New conversation", updated: new Date().toISOString(), writing: false });
+      location.hash = encodeURIComponent(id); // opens it (hashchange)
+      openConversation(id);
+      return id;
+    } catch (error) {
+      say(ui.problem, `No new conversation: ${error instanceof Refused ? error.message : "cannot reach Kaiwa."}`);
+      return null;
+    }
+  }
+
+  // ---- bubbles ----
+
+  const creationOrder = (a, b) =>
+    (Date.parse(a.at) || 0) - (Date.parse(b.at) || 0) || (a.seq ?? 0) - (b.seq ?? 0);
+
+  function bubblesOf(conversation) {
+    let bubbles = state.bubbles.get(conversation);
+    if (!bubbles) {
+      bubbles = new Map();
+      state.bubbles.set(conversation, bubbles);
+    }
+    return bubbles;
+  }
+
+  function upsert(bubble) {
+    const bubbles = bubblesOf(bubble.conversation);
+    const known = bubbles.get(bubble.id);
+    if (known && (known.seq ?? 0) >= (bubble.seq ?? 0)) {
+      return; // seen already: nothing changes
+    }
+    bubbles.set(bubble.id, bubble);
+    if (bubble.conversation === state.open) {
+      keepingTheBottom(() => show(bubble));
+    }
+  }
+
+  function bubbleElement(bubble) {
+    const role = WHO[bubble.role] ? bubble.role : "notice";
+    const article = document.createElement("article");
+    article.className = `bubble ${role}`;
+    article.dataset.id = bubble.id;
+    const who = document.createElement("span");
+    who.className = "who";
+    say(who, `${WHO[role]}:`);
+    const body = document.createElement("div");
+    body.className = "body";
+    const buttons = document.createElement("div");
+    buttons.className = "buttons";
+    article.append(who, body, buttons);
+    return article;
+  }
+
+  function place(article, bubble) {
+    // a new bubble is almost always the last: look from the end for the first one not after it
+    let next = null;
+    for (let other = ui.log.lastElementChild; other; other = other.previousElementSibling) {
+      const shown = bubblesOf(state.open).get(other.dataset.id);
+      if (shown && creationOrder(shown, bubble) <= 0) {
+        break;
+      }
+      next = other;
+    }
+    ui.log.insertBefore(article, next);
+  }
+
+  function fill(article, bubble) {
+    const body = article.querySelector(".body");
+    if (article.dataset.html !== bubble.html) {
+      body.innerHTML = bubble.html ?? ""; // sanitized by the server (channels.web.markup)
+      article.dataset.html = bubble.html ?? "";
+    }
+    // buttons are remade only when they change: a streaming update must not swallow a click
+    const buttons = JSON.stringify(bubble.buttons ?? []);
+    if (article.dataset.buttons !== buttons) {
+      article.dataset.buttons = buttons;
+      article.querySelector(".buttons").replaceChildren(
+        ...(bubble.buttons ?? []).map((button) => pressable(bubble.conversation, button)),
+      );
+    }
+    article.classList.toggle("streaming", Boolean(bubble.streaming));
+    article.setAttribute("aria-busy", bubble.streaming ? "true" : "false");
+  }
+
+  function show(bubble) {
+    let article = state.shown.get(bubble.id);
+    if (bubble.deleted) {
+      article?.remove(); // kept in the map all the same: its seq still tells a replay apart
+      state.shown.delete(bubble.id);
+      return;
+    }
+    if (!article) {
+      article = bubbleElement(bubble);
+      state.shown.set(bubble.id, article);
+      place(article, bubble);
+    }
+    fill(article, bubble);
+  }
+
+  function pressable(conversation, { label, command }) {
+    const button = document.createElement("button");
+    button.type = "button";
+    say(button, label);
+    button.addEventListener("click", async () => {
+      button.disabled = true;
+      try {
+        await post("/api/press", { conversation, command });
+        say(ui.problem, "");
+      } catch (error) {
+        say(ui.problem, `“${label}” did not reach Kaiwa: ${error instanceof Refused ? error.message : "no connection."}`);
+      } finally {
+        button.disabled = false;
+      }
+    });
+    return button;
+  }
+
+  function keepingTheBottom(change) {
+    const log = ui.log;
+    const atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < NEAR_BOTTOM_PX;
+    change();
+    if (atBottom) {
+      log.scrollTop = log.scrollHeight;
+    }
+  }
+
+  function openConversation(id) {
+    if (state.open === id) {
+      return;
+    }
+    state.open = id;
+    state.shown.clear();
+    ui.log.replaceChildren();
+    const bubbles = [...bubblesOf(id).values()].filter((bubble) => !bubble.deleted);
+    for (const bubble of bubbles.sort(creationOrder)) {
+      const article = bubbleElement(bubble);
+      state.shown.set(bubble.id, article);
+      ui.log.append(article);
+      fill(article, bubble);
+    }
+    ui.log.scrollTop = ui.log.scrollHeight;
+    renderList();
+  }
+
+  function conversationInAddress() {
+    const raw = location.hash.slice(1);
+    try {
+      return raw ? decodeURIComponent(raw) : null;
+    } catch {
+      return null;
+    }
+  }
+
+  // ---- sending ----
+
+  const outbox = []; // messages not yet accepted, oldest first
+  let sending = false;
+
+  function clientId() {
+    if (crypto.randomUUID) {
+      return crypto.randomUUID();
+    }
+    // crypto.randomUUID needs a secure context; an allowed_hosts name over http is not one
+    const bytes = crypto.getRandomValues(new Uint8Array(16));
+    return [...bytes].map((byte) => byte.toString(16).padStart(2, "0")).join("");
+  }
+
+  async function send() {
+    const text = ui.message.value.trim();
+    if (!text) {
+      return;
+    }
+    ui.message.value = "";
+    const conversation = state.open ?? (await startConversation());
+    if (!conversation) {
+      giveBack(text);
+      return;
+    }
+    outbox.push({ conversation, text, client_id: clientId() });
+    if (!sending) {
+      sending = true;
+      try {
+        while (outbox.length) {
+          await deliver(outbox[0]);
+          outbox.shift();
+        }
+      } finally {
+        sending = false;
+      }
+    }
+  }
+
+  async function deliver(message) {
+    for (let wait = RETRY_FIRST_MS; ; wait = Math.min(wait * 2, RETRY_MOST_MS)) {
+      try {
+        await post("/api/messages", message);
+        say(ui.problem, "");
+        return;
+      } catch (error) {
+        if (!isNetworkFailure(error)) {
+          say(ui.problem, `Not sent: ${error.message}`);
+          giveBack(message.text);
+          return;
+        }
+        say(ui.problem, "Not sent yet: no connection to Kaiwa. Trying again…");
+        await sleep(wait);
+      }
+    }
+  }
+
+  function giveBack(text) {
+    if (!ui.message.value) {
+      ui.message.value = text; // nothing the person wrote is lost
+    }
+  }
+
+  // ---- the event stream ----
+
+  let reconnecting = false;
+  let reopenWait = RETRY_FIRST_MS;
+
+  function seen(event) {
+    const seq = Number(event.lastEventId);
+    if (event.lastEventId !== "" && Number.isFinite(seq) && (state.lastSeq === null || seq > state.lastSeq)) {
+      state.lastSeq = seq;
+    }
+  }
+
+  function parsed(event) {
+    try {
+      return JSON.parse(event.data);
+    } catch {
+      console.warn("kaiwa: an event that is not JSON", event.type, event.data);
+      return null;
+    }
+  }
+
+  function connect() {
+    const source = new EventSource(state.lastSeq === null ? "/api/events" : `/api/events?last=${state.lastSeq}`);
+    source.addEventListener("open", () => {
+      reopenWait = RETRY_FIRST_MS;
+      if (reconnecting) {
+        reconnecting = false;
+        say(ui.connection, "");
+        loadConversations(); // the list as it is now, whatever the stream replays
+      }
+    });
+    source.addEventListener("error", () => {
+      reconnecting = true;
+      say(ui.connection, "Reconnecting…");
+      if (source.readyState === EventSource.CLOSED) {
+        // the browser gave up (an HTTP error): open a new stream from the last event seen
+        loadConversations(); // shows "Signed out" when that is why
+        setTimeout(connect, reopenWait);
+        reopenWait = Math.min(reopenWait * 2, RETRY_MOST_MS);
+      }
+    });
+    source.addEventListener("bubble", (event) => {
+      seen(event);
+      const bubble = parsed(event);
+      if (bubble && bubble.id && bubble.conversation) {
+        upsert(bubble);
+      }
+    });
+    source.addEventListener("conversation", (event) => {
+      seen(event);
+      const conversation = parsed(event);
+      if (conversation && conversation.id) {
+        remember(conversation);
+        renderList();
+      }
+    });
+  }
+
+  // ---- wiring ----
+
+  ui.newConversation.addEventListener("click", async () => {
+    if (await startConversation()) {
+      ui.message.focus();
+    }
+  });
+  ui.composer.addEventListener("submit", (event) => {
+    event.preventDefault();
+    send();
+  });
+  ui.message.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing && event.keyCode !== 229) {
+      event.preventDefault();
+      send();
+    }
+  });
+  window.addEventListener("hashchange", () => {
+    const id = conversationInAddress();
+    if (id) {
+      openConversation(id);
+    }
+  });
+
+  connect();
+  const fromAddress = conversationInAddress();
+  if (fromAddress) {
+    openConversation(fromAddress);
+  }
+  loadConversations().then(() => {
+    if (!state.open && state.conversations.size) {
+      const [newest] = [...state.conversations.values()].sort(newestFirst);
+      history.replaceState(null, "", `#${encodeURIComponent(newest.id)}`);
+      openConversation(newest.id);
+    }
+  });
+})();
