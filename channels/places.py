@@ -11,6 +11,7 @@ each part a name and a type, instead of string formatting in one file and splitt
 | `SlackPlace` | `slack:<team>:<channel>:<thread>` | the thread's ts, `top` for a DM's top level |
 | `DiscordPlace` | `discord:<guild>:<channel>` | `dm` as the guild of a direct message channel |
 | `TerminalPlace` | `terminal:<session>` | the session's name |
+| `WebPlace` | `web:<person>:<conversation>` | who is signed in, and the conversation's id |
 
 Keys are stored (conversations, turns, scheduled tasks), so their shape never changes: a key an
 older version wrote reads the same. The last part takes the rest of the key, colons and all; an
@@ -46,6 +47,8 @@ def space_of(key: str) -> str:
         return SEPARATOR.join([platform, where.team, where.channel, ""])
     if platform == TerminalPlace.platform:
         return platform + SEPARATOR
+    if platform == WebPlace.platform:
+        return SEPARATOR.join([platform, WebPlace.of(key).person, ""])
     return key
 
 
@@ -134,3 +137,12 @@ class TerminalPlace(Place):
 
     platform: ClassVar[str] = "terminal"
     session: str
+
+
+@dataclass(frozen=True)
+class WebPlace(Place):
+    """A browser conversation of one person (`operator` for the one-operator sign-in)."""
+
+    platform: ClassVar[str] = "web"
+    person: str
+    conversation: str

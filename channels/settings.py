@@ -95,3 +95,18 @@ class DiscordSettings(ServerSettings[int]):
     thread_archive_minutes: int = 1440
     api_base: str = "https://discord.com/api/v10"
     gateway_url: str = "wss://gateway.discord.gg/"
+
+
+@dataclass(frozen=True)
+class WebSettings(ChannelSettings):
+    """The web chat: off unless `kaiwa run --web` or `enabled = true`; served on `host:port` (0
+    picks a free port), signed in by the operator's one-time link."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 8765
+    edit_interval: float = 0.25
+    """Seconds between two changes of a streaming reply's bubble."""
+    allowed_hosts: list[str] = field(default_factory=list)
+    """Host names (with their port) the page may be reached by besides the served address and
+    localhost: a reverse proxy's or a tunnel's."""

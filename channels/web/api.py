@@ -1,0 +1,337 @@
+"""What the web chat answers over HTTP: the page, the sign-in, and the API the page talks to.
+
+Every request passes the checks of `channels.web.security` first (its Host, its Origin, a POST's
+`X-Kaiwa` header) and every answer carries its headers (a strict Content-Security-Policy, no
+caching of the page or the API). Who is asking is the signed session cookie's person; a request
+without one gets the sign-in page, and a conversation that is not the person's is answered as if
+it did not exist (never shown, never acted on).
+
+The routes are exact paths (the shared server matches method and path), so what varies goes in
+the JSON body or the query string:
+- `GET /` the page; `GET /login?key=` a one-time link exchanged for the cookie (the key leaves
+  the address bar by a redirect); `GET /static/...` the page's files.
+- `GET /api/conversations`, `POST /api/conversations` (a new one).
+- `POST /api/messages` `{conversation, text, client_id}`: the person's message. `client_id` is
+  the page's own id for it and the message's id for the dispatcher, so a page that sends it
+  again (its answer was lost) sends the same message: shown once, answered once. It answers only
+  once the message is recorded (503 when the store refused it, and the page tries again).
+- `POST /api/press` `{conversation, command}`: a button's press, delivered as that command.
+- `GET /api/events`: Server-Sent Events, resumed by `Last-Event-ID` (`channels.web.board`).
+
+Server-Sent Events rather than a WebSocket: the stream only goes one way (what the person does
+is a POST, which a CSRF-safe check covers like any other), the browser's `EventSource`
+reconnects by itself and sends `Last-Event-ID`, which is all a resume needs, and it passes
+proxies as plain HTTP.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from channels.places import WebPlace
+from channels.web import markup, security
+from channels.web.board import Board, Event
+from core.channel import ChannelMessage, Deliver
+from core.errors import StoreError
+
+logger = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+STATIC_FILES = {
+    "/static/app.js": ("app.js", "text/javascript"),
+    "/static/app.css": ("app.css", "text/css"),
+}
+PING_SECONDS = 15.0
+MAX_BODY = 256 * 1024
+SIGN_IN = (
+    "<!doctype html><html lang=en><meta charset=utf-8><title>Kaiwa: sign in</title>"
+    "<body><main><h1>Kaiwa</h1><p>{what}</p></main></body></html>"
+)
+OPERATOR = "operator"
+"""The one person the operator's link signs in."""
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class WebApi:
+    """The handlers, over one board, for the people `keys` signs in."""
+
+    def __init__(
+        self,
+        board: Board,
+        keys: security.Keys,
+        links: security.Links,
+        host: str,
+        allowed_hosts: Sequence[str],
+    ) -> None:
+        self._board = board
+        self._keys = keys
+        self._links = links
+        self._host = host
+        self._allowed_hosts = allowed_hosts
+        self.port = 0
+        """The port served, once known (a Host header must name it)."""
+        self._limiter = security.LoginLimiter()
+        self._deliver: Deliver | None = None
+        self._code_css = markup.code_css()
+
+    def routes(self, deliver: Deliver) -> dict[tuple[str, str], Handler]:
+        self._deliver = deliver
+        routes: dict[tuple[str, str], Handler] = {
+            ("GET", "/"): self._page,
+            ("GET", "/login"): self._login,
+            ("GET", "/static/code.css"): self._css,
+            ("GET", "/api/conversations"): self._conversations,
+            ("POST", "/api/conversations"): self._new_conversation,
+            ("POST", "/api/messages"): self._message,
+            ("POST", "/api/press"): self._press,
+            ("GET", "/api/events"): self._events,
+        }
+        routes |= {("GET", path): self._static for path in STATIC_FILES}
+        return {route: self._checked(handler, route[0]) for route, handler in routes.items()}
+
+    def _checked(self, handler: Handler, method: str) -> Handler:
+        async def answer(request: web.Request) -> web.StreamResponse:
+            refusal = security.check_request(
+                request,
+                served_host=self._host,
+                served_port=self.port,
+                allowed_hosts=self._allowed_hosts,
+                post=method == "POST",
+            )
+            if refusal is not None:
+                return refusal
+            response = await handler(request)
+            if not response.prepared:
+                security.with_headers(response, page=not request.path.startswith("/static/"))
+            return response
+
+        return answer
+
+    # -- the page and signing in -----------------------------------------------------------------
+
+    async def _page(self, request: web.Request) -> web.StreamResponse:
+        if self._person(request) is None:
+            what = (
+                "Open the link Kaiwa printed when it started (<code>web chat: …</code>), or run "
+                "<code>kaiwa web-link</code> for a new one."
+            )
+            return web.Response(
+                status=401, text=SIGN_IN.format(what=what), content_type="text/html"
+            )
+        return web.FileResponse(STATIC / "index.html", headers={"Content-Type": "text/html"})
+
+    async def _login(self, request: web.Request) -> web.StreamResponse:
+        address = request.remote or ""
+        wait = self._limiter.allowed(address)
+        if wait is not None:
+            return web.Response(
+                status=429,
+                text=SIGN_IN.format(what="Too many wrong links from here: try again later."),
+                content_type="text/html",
+                headers={"Retry-After": str(int(wait) + 1)},
+            )
+        if not self._links.redeem(request.query.get("key", "")):
+            self._limiter.failed(address)
+            what = (
+                "This link is not valid (it may have been used already): run "
+                "<code>kaiwa web-link</code> for a new one."
+            )
+            return web.Response(
+                status=403, text=SIGN_IN.format(what=what), content_type="text/html"
+            )
+        logger.info("web chat: the operator signed in from %s", address)
+        response = web.Response(status=303, headers={"Location": "/"})
+        self._keys.sign_in(response, OPERATOR)
+        return response
+
+    async def _static(self, request: web.Request) -> web.StreamResponse:
+        name, kind = STATIC_FILES[request.path]
+        return web.FileResponse(STATIC / name, headers={"Content-Type": kind})
+
+    async def _css(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(text=self._code_css, content_type="text/css")
+
+    # -- the API ---------------------------------------------------------------------------------
+
+    async def _conversations(self, request: web.Request) -> web.StreamResponse:
+        person = self._person(request)
+        if person is None:
+            return _unsigned()
+        entries = self._board.conversations(person)
+        return web.json_response({"conversations": [_entry(each) for each in entries]})
+
+    async def _new_conversation(self, request: web.Request) -> web.StreamResponse:
+        person = self._person(request)
+        if person is None:
+            return _unsigned()
+        return web.json_response({"id": self._board.new_conversation(person).id})
+
+    async def _message(self, request: web.Request) -> web.StreamResponse:
+        person = self._person(request)
+        if person is None:
+            return _unsigned()
+        body = await _json(request)
+        conversation, text = _text(body, "conversation"), _text(body, "text")
+        client_id = _text(body, "client_id")
+        if not self._owns(person, conversation):
+            return _missing()
+        if not text.strip() or not client_id or len(client_id) > 64:
+            return web.json_response({"error": "a message needs text and a client_id"}, status=400)
+        bubble_id = f"p-{client_id}"
+        if self._board.bubble(bubble_id) is None:
+            self._board.post(conversation, "person", text, bubble_id=bubble_id)
+        return await self._delivered(person, conversation, client_id, text)
+
+    async def _press(self, request: web.Request) -> web.StreamResponse:
+        person = self._person(request)
+        if person is None:
+            return _unsigned()
+        body = await _json(request)
+        conversation, command = _text(body, "conversation"), _text(body, "command")
+        if not self._owns(person, conversation):
+            return _missing()
+        if not command.startswith("/"):
+            return web.json_response({"error": "a press carries a command"}, status=400)
+        return await self._delivered(person, conversation, f"press-{secrets.token_hex(8)}", command)
+
+    async def _delivered(
+        self, person: str, conversation: str, message_id: str, text: str
+    ) -> web.StreamResponse:
+        assert self._deliver is not None
+        message = ChannelMessage(
+            platform=WebPlace.platform,
+            place=WebPlace(person, conversation).key,
+            message_id=message_id,
+            author_id=person,
+            text=text,
+            author_name=person,
+            redeliverable=True,
+        )
+        try:
+            await self._deliver(message)
+        except StoreError as exc:
+            logger.warning(
+                "web chat: a message was not recorded (%s); the page sends it again", exc
+            )
+            return web.json_response(
+                {"error": "Kaiwa cannot save messages right now; it is sent again shortly"},
+                status=503,
+            )
+        return web.json_response({"ok": True}, status=202)
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        person = self._person(request)
+        if person is None:
+            return _unsigned()
+        last = _number(request.headers.get("Last-Event-ID") or request.query.get("last"))
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
+        )
+        security.with_headers(response, page=True)
+        await response.prepare(request)
+        with self._board.subscribe(person) as live, contextlib.suppress(ConnectionResetError):
+            sent = last
+            for event in self._board.since(person, last):
+                sent = await _send(response, event, sent)
+            while (event := await _next(live, response)) is not None:
+                sent = await _send(response, event, sent)
+        return response
+
+    # -- inside ----------------------------------------------------------------------------------
+
+    def _person(self, request: web.Request) -> str | None:
+        return self._keys.person_of(request.cookies.get(security.COOKIE))
+
+    def _owns(self, person: str, conversation: str) -> bool:
+        entry = self._board.entry(conversation)
+        return entry is not None and entry.person == person
+
+
+async def _next(live: "asyncio.Queue[Event | None]", response: web.StreamResponse) -> Event | None:
+    """The next change for the stream, with a comment line for each quiet `PING_SECONDS` (so a
+    proxy keeps it open, and a page that went away is noticed); None: the stream ends."""
+    while True:
+        try:
+            async with asyncio.timeout(PING_SECONDS):
+                return await live.get()
+        except TimeoutError:
+            await response.write(b": ping\n\n")
+
+
+async def _send(response: web.StreamResponse, event: Event, sent: int) -> int:
+    """Write `event` unless the stream sent it already (a change seen live and in `since`)."""
+    kind, seq, data = event
+    if seq <= sent:
+        return sent
+    if kind == "bubble":
+        data = {**data, "html": await _html(data["text"])}
+    payload = json.dumps(data, separators=(",", ":"))
+    await response.write(f"id: {seq}\nevent: {kind}\ndata: {payload}\n\n".encode())
+    return seq
+
+
+_RENDERED: OrderedDict[str, str] = OrderedDict()
+RENDERED_KEPT = 256
+
+
+async def _html(text: str) -> str:
+    """A bubble's text as the page shows it, rendered once however many pages show it, on a
+    thread (a long reply takes markdown-it-py a noticeable time, which the event loop must not
+    wait out)."""
+    html = _RENDERED.get(text)
+    if html is None:
+        html = await asyncio.to_thread(markup.to_html, text)
+        _RENDERED[text] = html
+        if len(_RENDERED) > RENDERED_KEPT:
+            _RENDERED.popitem(last=False)
+    _RENDERED.move_to_end(text)
+    return html
+
+
+def _entry(entry: Any) -> dict[str, Any]:
+    return {
+        "id": entry.id,
+        "title": entry.title,
+        "updated": entry.updated,
+        "writing": entry.writing,
+    }
+
+
+async def _json(request: web.Request) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=request.content_length)
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise web.HTTPBadRequest(text="the body must be JSON") from exc
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="the body must be a JSON object")
+    return body
+
+
+def _text(body: dict[str, Any], key: str) -> str:
+    value = body.get(key, "")
+    return value if isinstance(value, str) else ""
+
+
+def _number(value: str | None) -> int:
+    try:
+        return max(0, int(value or 0))
+    except ValueError:
+        return 0
+
+
+def _unsigned() -> web.Response:
+    return web.json_response({"error": "not signed in: open the link Kaiwa printed"}, status=401)
+
+
+def _missing() -> web.Response:
+    return web.json_response({"error": "no such conversation"}, status=404)
