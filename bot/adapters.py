@@ -1,4 +1,5 @@
-"""The channels a config asks for: each platform whose secret is set, and the terminal.
+"""The channels a config asks for: each platform whose secret is set, the terminal, and the web
+chat when it is on.
 
 A platform without its token is not started, and its library is not even imported (a
 terminal-only start stays fast). The terminal is a chat (line editing, history, Markdown) when
@@ -65,6 +66,10 @@ def configured(config: Config, terminal: TerminalIO) -> list[Adapter]:
     discord = config.channels.discord
     if discord.enabled and os.environ.get(discord.token_env):
         adapters.append(_discord(discord))
+    if config.channels.web.enabled:
+        from channels.web.channel import WebChannel
+
+        adapters.append(WebChannel(config.channels.web, config.data_dir))
     return adapters
 
 

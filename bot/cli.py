@@ -34,7 +34,7 @@ EXIT_STATUSES = {
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from bot.config import config_path, load_config
+    from bot.config import config_path, load_config, with_web
     from core.errors import ConfigError, KaiwaError
 
     try:
@@ -50,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(reports.check(config))
         if args.command == "status":
             return asyncio.run(reports.status(config))
+        if args.command == "web-link":
+            print(f"web chat: {reports.web_link(config)}")
+            return 0
+        if args.web:
+            config = with_web(config)
         return asyncio.run(_run(config, debug=args.debug))
     except ConfigError as exc:
         print(f"kaiwa: configuration error: {exc}", file=sys.stderr)
@@ -121,6 +126,7 @@ def _parser() -> argparse.ArgumentParser:
         ("run", "start the configured channels (the default)"),
         ("check", "check everything a start needs: what is fine, then each problem"),
         ("status", "conversations, today's turns and tokens, the last errors, the live figures"),
+        ("web-link", "a fresh one-time link that signs the operator in to the web chat"),
     ):
         # the options work after the command too (`kaiwa run --debug`); given there, they win
         _add_options(commands.add_parser(name, help=about), command=True)
@@ -140,4 +146,10 @@ def _add_options(parser: argparse.ArgumentParser, *, command: bool) -> None:
         action="store_true",
         default=argparse.SUPPRESS if command else False,
         help="DEBUG lines on stderr, and the traceback of an unexpected error",
+    )
+    parser.add_argument(
+        "--web",
+        action="store_true",
+        default=argparse.SUPPRESS if command else False,
+        help="also serve the web chat ([channels.web]); it prints the link to open",
     )

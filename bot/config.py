@@ -43,6 +43,7 @@ from channels.settings import (
     SlackSettings,
     TelegramSettings,
     TerminalSettings,
+    WebSettings,
 )
 from core.agent.context import ContextPolicy
 from core.agent.model import ModelSettings
@@ -162,6 +163,7 @@ class ChannelsConfig:
     telegram: TelegramSettings = field(default_factory=TelegramSettings)
     slack: SlackSettings = field(default_factory=SlackSettings)
     discord: DiscordSettings = field(default_factory=DiscordSettings)
+    web: WebSettings = field(default_factory=WebSettings)
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,12 @@ def config_path(cli_path: str | None) -> Path | None:
         return Path(os.environ[CONFIG_ENV])
     local = Path("config.toml")
     return local if local.is_file() else None
+
+
+def with_web(config: Config) -> Config:
+    """`config` with the web chat on (`kaiwa run --web`)."""
+    web = dataclasses.replace(config.channels.web, enabled=True)
+    return dataclasses.replace(config, channels=dataclasses.replace(config.channels, web=web))
 
 
 def load_config(path: Path | None) -> Config:
@@ -483,6 +491,7 @@ def _checked(config: Config) -> Config:
         "logging.max_bytes": config.logging.max_bytes,
         "channels.terminal.frame_interval": config.channels.terminal.frame_interval,
         "channels.telegram.poll_timeout": config.channels.telegram.poll_timeout,
+        "channels.web.edit_interval": config.channels.web.edit_interval,
     }
     for name, platform in vars(config.channels).items():
         if isinstance(platform, PlatformSettings):
@@ -508,6 +517,11 @@ def _checked(config: Config) -> Config:
         )
     for name, server in config.mcp.items():
         _check_mcp_server(name, server)
+    if not 0 <= config.channels.web.port <= 65535:
+        raise ConfigError(
+            f"'channels.web.port' must be a port from 1 to 65535, or 0 to pick a free one, got "
+            f"{config.channels.web.port}"
+        )
     _check_telegram_webhook(config.channels.telegram)
     _check_listeners(config)
     if config.memory.scope not in SCOPES:

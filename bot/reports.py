@@ -217,3 +217,11 @@ async def _cluster_status(config: Config, output: TextIO) -> None:
     for platform in platforms:
         if f"channel:{platform}" in holders:
             output.write(f"  {platform} connection: held by {holders[f'channel:{platform}']}\n")
+
+
+def web_link(config: Config) -> str:
+    """`kaiwa web-link`: a fresh one-time link that signs the operator in to the web chat a
+    running Kaiwa serves with this config (the same data folder's link file)."""
+    from channels.web.channel import link_for
+
+    return link_for(config.channels.web, config.data_dir)

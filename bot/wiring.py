@@ -285,6 +285,7 @@ def access_rules(config: Config) -> AccessRules:
     return AccessRules(
         {
             "terminal": Allowed(users=None),
+            "web": Allowed(users=None),  # only people the web chat signed in reach it
             "telegram": Allowed(users=_people(telegram.allowed_users, telegram.anyone)),
             "slack": Allowed(
                 users=_people(slack.allowed_users, slack.anyone),

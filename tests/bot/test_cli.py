@@ -7,6 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from bot.cli import NOTHING_TO_SERVE
@@ -273,6 +274,34 @@ async def test_a_reply_cut_by_sigterm_reads_to_the_model_as_a_shutdown_not_a_sto
     assert code == 0, err
     told = [m["content"] for m in ollama.requests[-1]["messages"] if m["role"] == "assistant"]
     assert told == [f"Half an answer\n\n{CUT_OFF[SHUTDOWN]}"]
+
+
+async def test_run_web_prints_the_one_time_link_that_signs_in(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """`kaiwa run --web` serves the web chat beside the terminal and prints one line with the
+    link to open; the link signs in once, and its key is in no log line."""
+    config = write_config(tmp_path, ollama.url)
+    config.write_text(config.read_text() + "\n[channels.web]\nport = 0\n")
+    process = await kaiwa("--config", str(config), "run", "--web", stdin=asyncio.subprocess.PIPE)
+    assert process.stdin is not None
+    seen = await read_until(process, "/login?key=")
+    while "\n" not in seen.partition("web chat: ")[2]:
+        seen += await read_until(process, "\n")
+    link = seen.partition("web chat: ")[2].partition("\n")[0]
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/login\?key=[\w-]{20,}", link), link
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(cookie_jar=jar) as browser:
+        async with browser.get(link) as page:
+            assert page.status == 200 and "/static/app.js" in await page.text()
+        async with browser.get(link) as again:
+            assert again.status == 403, "a link signs in once"
+    process.stdin.close()
+    code, _, err = await finish(process)
+
+    assert code == 0, err
+    key = link.partition("key=")[2]
+    assert key not in (tmp_path / "state" / "kaiwa.log").read_text() and key not in err
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
