@@ -15,6 +15,9 @@ the JSON body or the query string:
   the page's own id for it and the message's id for the dispatcher, so a page that sends it
   again (its answer was lost) sends the same message: shown once, answered once. It answers only
   once the message is recorded (503 when the store refused it, and the page tries again).
+  Up to `MAX_IMAGES` pictures may come with it (`images`, base64; PNG, JPEG, GIF or WebP, told
+  by their bytes, never by what the page says), stored with the bubble and served back to the
+  person alone (`GET /api/image?id=`); the dispatcher decides whether the model sees them.
 - `POST /api/press` `{conversation, command}`: a button's press, delivered as that command.
 - `GET /api/events`: Server-Sent Events, resumed by `Last-Event-ID` (`channels.web.board`).
 
@@ -25,6 +28,8 @@ proxies as plain HTTP.
 """
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 import logging
@@ -38,7 +43,7 @@ from aiohttp import web
 
 from channels.places import WebPlace
 from channels.web import markup, security
-from channels.web.board import Board, Event
+from channels.web.board import Board, Event, Picture
 from core.channel import ChannelMessage, Deliver
 from core.errors import StoreError
 
@@ -51,6 +56,18 @@ STATIC_FILES = {
 }
 PING_SECONDS = 15.0
 MAX_BODY = 256 * 1024
+MAX_IMAGES = 4
+MAX_IMAGE_BYTES = 10 * 1024 * 1024
+MAX_MESSAGE_BODY = MAX_BODY + MAX_IMAGES * (MAX_IMAGE_BYTES * 4 // 3 + 64)
+"""A message's body: its text and up to `MAX_IMAGES` pictures, base64 in JSON."""
+IMAGE_TYPES = {
+    b"\x89PNG\r\n\x1a\n": "image/png",
+    b"\xff\xd8\xff": "image/jpeg",
+    b"GIF87a": "image/gif",
+    b"GIF89a": "image/gif",
+}
+"""What a picture's first bytes say it is (WebP, a RIFF file, is read apart); nothing else is
+taken: an SVG can carry script."""
 SIGN_IN = (
     "<!doctype html><html lang=en><meta charset=utf-8><title>Kaiwa: sign in</title>"
     "<body><main><h1>Kaiwa</h1><p>{what}</p></main></body></html>"
@@ -93,6 +110,7 @@ class WebApi:
             ("POST", "/api/messages"): self._message,
             ("POST", "/api/press"): self._press,
             ("GET", "/api/events"): self._events,
+            ("GET", "/api/image"): self._image,
         }
         routes |= {("GET", path): self._static for path in STATIC_FILES}
         return {route: self._checked(handler, route[0]) for route, handler in routes.items()}
@@ -178,17 +196,23 @@ class WebApi:
         person = self._person(request)
         if person is None:
             return _unsigned()
-        body = await _json(request)
+        body = await _json(request, MAX_MESSAGE_BODY)
         conversation, text = _text(body, "conversation"), _text(body, "text")
         client_id = _text(body, "client_id")
         if not self._owns(person, conversation):
             return _missing()
-        if not text.strip() or not client_id or len(client_id) > 64:
-            return web.json_response({"error": "a message needs text and a client_id"}, status=400)
+        pictures = _pictures(body.get("images"))
+        if isinstance(pictures, str):
+            return web.json_response({"error": pictures}, status=400)
+        if not (text.strip() or pictures) or not client_id or len(client_id) > 64:
+            return web.json_response(
+                {"error": "a message needs text or a picture, and a client_id"}, status=400
+            )
         bubble_id = f"p-{client_id}"
         if self._board.bubble(bubble_id) is None:
-            self._board.post(conversation, "person", text, bubble_id=bubble_id)
-        return await self._delivered(person, conversation, client_id, text)
+            self._board.post(conversation, "person", text, bubble_id=bubble_id, images=pictures)
+        images = tuple(each.data for each in pictures)
+        return await self._delivered(person, conversation, client_id, text, images)
 
     async def _press(self, request: web.Request) -> web.StreamResponse:
         person = self._person(request)
@@ -202,8 +226,27 @@ class WebApi:
             return web.json_response({"error": "a press carries a command"}, status=400)
         return await self._delivered(person, conversation, f"press-{secrets.token_hex(8)}", command)
 
+    async def _image(self, request: web.Request) -> web.StreamResponse:
+        person = self._person(request)
+        if person is None:
+            return _unsigned()
+        found = self._board.image(request.query.get("id", ""))
+        if found is None or not self._owns(person, found[0]):
+            return _missing()
+        picture = found[1]
+        return web.Response(
+            body=picture.data,
+            content_type=picture.type,
+            headers={"Content-Disposition": "inline", "Cache-Control": "private, max-age=86400"},
+        )
+
     async def _delivered(
-        self, person: str, conversation: str, message_id: str, text: str
+        self,
+        person: str,
+        conversation: str,
+        message_id: str,
+        text: str,
+        images: tuple[bytes, ...] = (),
     ) -> web.StreamResponse:
         assert self._deliver is not None
         message = ChannelMessage(
@@ -213,6 +256,7 @@ class WebApi:
             author_id=person,
             text=text,
             author_name=person,
+            images=images,
             redeliverable=True,
         )
         try:
@@ -305,16 +349,48 @@ def _entry(entry: Any) -> dict[str, Any]:
     }
 
 
-async def _json(request: web.Request) -> dict[str, Any]:
-    if request.content_length is not None and request.content_length > MAX_BODY:
-        raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=request.content_length)
+async def _json(request: web.Request, most: int = MAX_BODY) -> dict[str, Any]:
+    """The request's JSON object, read up to `most` bytes (the shared server's own cap is for
+    the platforms' small posts; a message with pictures is larger)."""
+    raw = await request.content.read(most + 1)
+    if len(raw) > most:
+        raise web.HTTPRequestEntityTooLarge(
+            max_size=most, actual_size=request.content_length or len(raw)
+        )
     try:
-        body = await request.json()
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise web.HTTPBadRequest(text="the body must be JSON") from exc
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text="the body must be a JSON object")
     return body
+
+
+def _pictures(given: Any) -> tuple[Picture, ...] | str:
+    """The pictures of a message body (base64 strings), or why they are refused."""
+    if given is None:
+        return ()
+    if not isinstance(given, list) or len(given) > MAX_IMAGES:
+        return f"a message takes at most {MAX_IMAGES} pictures"
+    pictures = []
+    for each in given:
+        try:
+            data = base64.b64decode(each if isinstance(each, str) else "", validate=True)
+        except binascii.Error:
+            return "a picture must be base64"
+        if len(data) > MAX_IMAGE_BYTES:
+            return f"a picture may be at most {MAX_IMAGE_BYTES // (1024 * 1024)} MB"
+        kind = _image_type(data)
+        if kind is None:
+            return "only PNG, JPEG, GIF and WebP pictures are taken"
+        pictures.append(Picture(kind, data))
+    return tuple(pictures)
+
+
+def _image_type(data: bytes) -> str | None:
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return next((kind for magic, kind in IMAGE_TYPES.items() if data.startswith(magic)), None)
 
 
 def _text(body: dict[str, Any], key: str) -> str:

@@ -23,7 +23,7 @@ import asyncio
 import json
 import secrets
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
@@ -48,6 +48,11 @@ CREATE TABLE IF NOT EXISTS bubbles (
     role TEXT NOT NULL, text TEXT NOT NULL, buttons TEXT NOT NULL, streaming INTEGER NOT NULL,
     deleted INTEGER NOT NULL, at TEXT NOT NULL, seq INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS images (
+    id TEXT PRIMARY KEY, bubble TEXT NOT NULL REFERENCES bubbles(id), type TEXT NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS images_by_bubble ON images (bubble);
 CREATE INDEX IF NOT EXISTS bubbles_by_seq ON bubbles (seq);
 CREATE INDEX IF NOT EXISTS bubbles_by_conversation ON bubbles (conversation, at);
 CREATE INDEX IF NOT EXISTS conversations_by_person ON conversations (person, updated);
@@ -67,6 +72,8 @@ class Bubble:
     deleted: bool = False
     at: str = ""
     seq: int = 0
+    images: tuple[str, ...] = ()
+    """The ids of the pictures a person's message came with (`Board.image`)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,14 @@ class Entry:
     updated: str
     seq: int
     writing: bool = False
+
+
+@dataclass(frozen=True)
+class Picture:
+    """A picture a person sent: its media type (`image/png`, ...) and its bytes."""
+
+    type: str
+    data: bytes
 
 
 Event = tuple[str, int, dict[str, Any]]
@@ -150,9 +165,11 @@ class Board:
         *,
         streaming: bool = False,
         bubble_id: str | None = None,
+        images: Sequence[Picture] = (),
     ) -> Bubble:
         """A new bubble at the end of `conversation` (which must exist), with its own id
-        unless `bubble_id` gives one (a person's message: the page's id for it)."""
+        unless `bubble_id` gives one (a person's message: the page's id for it), and the
+        pictures it came with."""
         entry = self.entry(conversation)
         if entry is None:
             raise UnknownBubble(conversation)
@@ -162,6 +179,10 @@ class Board:
             bubble = replace(bubble, seq=seq)
             self._db.execute(
                 "INSERT INTO bubbles VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", _bubble_row(bubble)
+            )
+            self._db.executemany(
+                "INSERT INTO images VALUES (?, ?, ?, ?)",
+                [(secrets.token_hex(8), made, each.type, each.data) for each in images],
             )
             if role == "person" and entry.title == UNTITLED:
                 title = " ".join(text.split())[:TITLE_CHARS] or UNTITLED
@@ -197,14 +218,23 @@ class Board:
 
     def bubble(self, bubble_id: str) -> Bubble | None:
         found = self._db.execute("SELECT * FROM bubbles WHERE id = ?", (bubble_id,)).fetchone()
-        return _bubble(found) if found else None
+        return self._bubble(found) if found else None
+
+    def image(self, image_id: str) -> tuple[str, Picture] | None:
+        """A picture and the conversation its message is in; None if there is no such one."""
+        found = self._db.execute(
+            "SELECT conversation, type, data FROM images JOIN bubbles ON bubbles.id = bubble "
+            "WHERE images.id = ?",
+            (image_id,),
+        ).fetchone()
+        return (found[0], Picture(found[1], bytes(found[2]))) if found else None
 
     def bubbles(self, conversation: str) -> list[Bubble]:
         rows = self._db.execute(
             "SELECT * FROM bubbles WHERE conversation = ? AND NOT deleted ORDER BY at, seq",
             (conversation,),
         )
-        return [_bubble(row) for row in rows]
+        return [self._bubble(row) for row in rows]
 
     # -- streams ---------------------------------------------------------------------------------
 
@@ -220,7 +250,7 @@ class Board:
             (person, seq),
         )
         events = [_entry_event(self._entry(row)) for row in entries]
-        events += [_bubble_event(_bubble(row)) for row in bubbles]
+        events += [_bubble_event(self._bubble(row)) for row in bubbles]
         return sorted(events, key=lambda event: event[1])
 
     @contextmanager
@@ -266,7 +296,13 @@ class Board:
 
     def bubble_at(self, seq: int) -> Bubble | None:
         found = self._db.execute("SELECT * FROM bubbles WHERE seq = ?", (seq,)).fetchone()
-        return _bubble(found) if found else None
+        return self._bubble(found) if found else None
+
+    def _bubble(self, row: sqlite3.Row) -> Bubble:
+        images = self._db.execute(
+            "SELECT id FROM images WHERE bubble = ? ORDER BY rowid", (row["id"],)
+        )
+        return replace(_bubble(row), images=tuple(image for (image,) in images))
 
     def _entry(self, row: sqlite3.Row) -> Entry:
         writing = self._db.execute(

@@ -17,10 +17,16 @@ from tests.harness import Bot, BotFactory
 
 
 @pytest.fixture
-async def web(make_bot: BotFactory, tmp_path: Path) -> AsyncIterator[tuple[Bot, WebChannel]]:
+async def web(
+    make_bot: BotFactory, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[Bot, WebChannel]]:
+    """The channel and its bot; a test's `bot(...)` marker adds to what the bot is built with
+    (`tests.harness.make_bot`'s settings: `images=True`, `approvals=...`)."""
     said: list[str] = []
     channel = WebChannel(WebSettings(enabled=True, port=0), tmp_path, announce=said.append)
-    bot = make_bot(channel=channel, access=Allowed(users=None))
+    marker = request.node.get_closest_marker("bot")
+    settings = marker.kwargs if marker else {}
+    bot = make_bot(channel=channel, access=Allowed(users=None), **settings)
     async with running(channel, bot):
         await asyncio.wait_for(channel.connected.wait(), deadline())
         assert said == [said[0]] and said[0].startswith(f"web chat: {channel.url}/login?key=")

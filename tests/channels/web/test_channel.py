@@ -6,6 +6,7 @@ events themselves, and on the fake's pauses, never on time.
 """
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -268,3 +269,59 @@ async def test_a_sign_in_link_works_once(web: tuple[Bot, WebChannel]) -> None:
             assert again.status == 403
         async with first.get(channel.url + "/") as page:
             assert page.status == 200 and "/static/app.js" in await page.text()
+
+
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+@pytest.mark.bot(images=True)
+async def test_a_pasted_picture_reaches_a_vision_model_and_shows_to_its_sender_only(
+    web: tuple[Bot, WebChannel], client: WebClient
+) -> None:
+    bot, channel = web
+    bot.ollama.script(Text("A single pixel."))
+    conversation = await client.new_conversation()
+    body = {
+        "conversation": conversation,
+        "text": "what is this?",
+        "client_id": "c1",
+        "images": [base64.b64encode(PNG).decode()],
+    }
+    assert (await client.post("/api/messages", body)).status == 202
+    await bot.runner.wait_idle(f"web:operator:{conversation}")
+
+    (asked,) = [m for m in bot.ollama.requests[0]["messages"] if m["role"] == "user"]
+    assert asked["images"] == [base64.b64encode(PNG).decode()]
+    (bubble,) = [b for b in channel.board.bubbles(conversation) if b.role == "person"]
+    (image_id,) = bubble.images
+    async with client.session.get(f"{client.url}/api/image?id={image_id}") as shown:
+        assert (shown.status, shown.content_type, await shown.read()) == (200, "image/png", PNG)
+    async with (
+        browser_session() as stranger,
+        stranger.get(f"{client.url}/api/image?id={image_id}") as refused,
+    ):
+        assert refused.status == 401
+
+
+@pytest.mark.parametrize(
+    ("images", "error"),
+    [
+        (["PHN2ZyBvbmxvYWQ9YWxlcnQoMSk+"], "only PNG, JPEG, GIF and WebP pictures are taken"),
+        (["not base64!"], "a picture must be base64"),
+        ([base64.b64encode(PNG).decode()] * 5, "a message takes at most 4 pictures"),
+    ],
+)
+async def test_a_picture_kaiwa_does_not_take_is_refused_with_why(
+    web: tuple[Bot, WebChannel], client: WebClient, images: list[str], error: str
+) -> None:
+    """An SVG (it can carry script), something that is not base64, too many pictures."""
+    bot, channel = web
+    conversation = await client.new_conversation()
+    body = {"conversation": conversation, "text": "look", "client_id": "c1", "images": images}
+    async with client.session.post(
+        client.url + "/api/messages", json=body, headers=client.headers
+    ) as answer:
+        assert (answer.status, (await answer.json())["error"]) == (400, error)
+    assert channel.board.bubbles(conversation) == [] and bot.ollama.requests == []
