@@ -277,15 +277,16 @@ def turn_settings(config: Config, store: Store | None = None) -> TurnSettings:
 
 
 def access_rules(config: Config) -> AccessRules:
-    telegram, slack, discord = (
+    telegram, slack, discord, web = (
         config.channels.telegram,
         config.channels.slack,
         config.channels.discord,
+        config.channels.web,
     )
     return AccessRules(
         {
             "terminal": Allowed(users=None),
-            "web": Allowed(users=None),  # only people the web chat signed in reach it
+            "web": Allowed(users=_people([*web.allowed_users, web.OPERATOR], web.anyone)),
             "telegram": Allowed(users=_people(telegram.allowed_users, telegram.anyone)),
             "slack": Allowed(
                 users=_people(slack.allowed_users, slack.anyone),

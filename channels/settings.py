@@ -15,7 +15,7 @@ inherited field like any other, and fills in the base's type parameter):
 """
 
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 Id = TypeVar("Id", int, str)
 
@@ -100,7 +100,11 @@ class DiscordSettings(ServerSettings[int]):
 @dataclass(frozen=True)
 class WebSettings(ChannelSettings):
     """The web chat: off unless `kaiwa run --web` or `enabled = true`; served on `host:port` (0
-    picks a free port), signed in by the operator's one-time link."""
+    picks a free port), signed in by the operator's one-time link, and, for a team, by a reverse
+    proxy that names the person in `user_header`."""
+
+    OPERATOR: ClassVar[str] = "operator"
+    """The person the operator's one-time link signs in (no proxy may name one so)."""
 
     enabled: bool = False
     host: str = "127.0.0.1"
@@ -110,3 +114,13 @@ class WebSettings(ChannelSettings):
     allowed_hosts: list[str] = field(default_factory=list)
     """Host names (with their port) the page may be reached by besides the served address and
     localhost: a reverse proxy's or a tunnel's."""
+    user_header: str = ""
+    """The header a trusted proxy names the signed-in person in (`X-Forwarded-User`); empty:
+    the operator's link is the only sign-in."""
+    trusted_proxies: list[str] = field(default_factory=list)
+    """Addresses or networks (`10.0.0.5`, `10.0.0.0/24`) the proxy connects from: the only ones
+    whose `user_header` counts."""
+    allowed_users: list[str] = field(default_factory=list)
+    """The people the proxy names who may use the web chat (the operator always may)."""
+    anyone: bool = False
+    """Anyone the proxy names may use it (`allowed_users` is then ignored)."""

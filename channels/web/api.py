@@ -2,9 +2,11 @@
 
 Every request passes the checks of `channels.web.security` first (its Host, its Origin, a POST's
 `X-Kaiwa` header) and every answer carries its headers (a strict Content-Security-Policy, no
-caching of the page or the API). Who is asking is the signed session cookie's person; a request
-without one gets the sign-in page, and a conversation that is not the person's is answered as if
-it did not exist (never shown, never acted on).
+caching of the page or the API). Who is asking is `security.People`'s: the operator by the signed
+session cookie, a team's people by the name their trusted proxy gives. A request from no one gets
+the sign-in page, a person not allowed the refusal page (their messages reach the dispatcher,
+which refuses them as on any platform), and a conversation that is not the person's is answered
+as if it did not exist (never shown, never acted on).
 
 The routes are exact paths (the shared server matches method and path), so what varies goes in
 the JSON body or the query string:
@@ -31,6 +33,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import html
 import json
 import logging
 import secrets
@@ -72,24 +75,22 @@ SIGN_IN = (
     "<!doctype html><html lang=en><meta charset=utf-8><title>Kaiwa: sign in</title>"
     "<body><main><h1>Kaiwa</h1><p>{what}</p></main></body></html>"
 )
-OPERATOR = "operator"
-"""The one person the operator's link signs in."""
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class WebApi:
-    """The handlers, over one board, for the people `keys` signs in."""
+    """The handlers, over one board, for the people `people` signs in."""
 
     def __init__(
         self,
         board: Board,
-        keys: security.Keys,
+        people: security.People,
         links: security.Links,
         host: str,
         allowed_hosts: Sequence[str],
     ) -> None:
         self._board = board
-        self._keys = keys
+        self._people = people
         self._links = links
         self._host = host
         self._allowed_hosts = allowed_hosts
@@ -136,19 +137,30 @@ class WebApi:
     # -- the page and signing in -----------------------------------------------------------------
 
     async def _page(self, request: web.Request) -> web.StreamResponse:
-        if self._person(request) is None:
+        person = self._person(request)
+        if person is None:
+            return _sign_in_page(401, self._sign_in_text())
+        if not self._people.may_use(person):
             what = (
-                "Open the link Kaiwa printed when it started (<code>web chat: …</code>), or run "
-                "<code>kaiwa web-link</code> for a new one."
+                f"You are signed in as <strong>{html.escape(person)}</strong>, who may not use "
+                "this Kaiwa: ask its operator to add you to "
+                "<code>[channels.web].allowed_users</code>."
             )
-            return web.Response(
-                status=401, text=SIGN_IN.format(what=what), content_type="text/html"
-            )
+            return _sign_in_page(403, what)
         return web.FileResponse(STATIC / "index.html", headers={"Content-Type": "text/html"})
 
+    def _sign_in_text(self) -> str:
+        link = (
+            "the link Kaiwa printed when it started (<code>web chat: …</code>), or run "
+            "<code>kaiwa web-link</code> for a new one."
+        )
+        if self._people.team:
+            return f"Open Kaiwa through your team's sign-in (its proxy). The operator: open {link}"
+        return f"Open {link}"
+
     async def _login(self, request: web.Request) -> web.StreamResponse:
-        address = request.remote or ""
-        wait = self._limiter.allowed(address)
+        client = self._people.client(request)
+        wait = self._limiter.allowed(client)
         if wait is not None:
             return web.Response(
                 status=429,
@@ -157,17 +169,15 @@ class WebApi:
                 headers={"Retry-After": str(int(wait) + 1)},
             )
         if not self._links.redeem(request.query.get("key", "")):
-            self._limiter.failed(address)
+            self._limiter.failed(client)
             what = (
                 "This link is not valid (it may have been used already): run "
                 "<code>kaiwa web-link</code> for a new one."
             )
-            return web.Response(
-                status=403, text=SIGN_IN.format(what=what), content_type="text/html"
-            )
-        logger.info("web chat: the operator signed in from %s", address)
+            return _sign_in_page(403, what)
+        logger.info("web chat: the operator signed in from %s", client)
         response = web.Response(status=303, headers={"Location": "/"})
-        self._keys.sign_in(response, OPERATOR)
+        self._people.sign_in_operator(response)
         return response
 
     async def _static(self, request: web.Request) -> web.StreamResponse:
@@ -292,7 +302,7 @@ class WebApi:
     # -- inside ----------------------------------------------------------------------------------
 
     def _person(self, request: web.Request) -> str | None:
-        return self._keys.person_of(request.cookies.get(security.COOKIE))
+        return self._people.of(request)
 
     def _owns(self, person: str, conversation: str) -> bool:
         entry = self._board.entry(conversation)
@@ -403,6 +413,10 @@ def _number(value: str | None) -> int:
         return max(0, int(value or 0))
     except ValueError:
         return 0
+
+
+def _sign_in_page(status: int, what: str) -> web.Response:
+    return web.Response(status=status, text=SIGN_IN.format(what=what), content_type="text/html")
 
 
 def _unsigned() -> web.Response:

@@ -9,9 +9,10 @@ reply being written. A press of a button, or a message typed, reaches the dispat
 
 The process owns the work, not the page: a reply goes on when its tab closes, is on the board
 when a page opens again, and every open page of the person (two tabs, two browsers) sees each
-change as it happens. Who may sign in is `channels.web.security`'s: in this version the
-operator alone, by a one-time link printed at start (`web chat: <url>`) or by `kaiwa web-link`;
-a host other machines can reach is refused at start.
+change as it happens. Who may sign in is `channels.web.security`'s: the operator, by a one-time
+link printed at start (`web chat: <url>`) or by `kaiwa web-link`, and with
+`[channels.web].user_header` a team, each person named by a trusted reverse proxy; a host other
+machines can reach is refused at start unless such a proxy is in front.
 """
 
 import asyncio
@@ -52,7 +53,7 @@ class WebChannel(ConnectionState):
         announce: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__()
-        security.check_host_setting(settings.host)
+        security.check_settings(settings)
         self._settings = settings
         self.traits = ChannelTraits(frame_interval=settings.edit_interval)
         self._render = RenderSettings(
@@ -61,7 +62,7 @@ class WebChannel(ConnectionState):
         self._announce = announce or _say
         """Where the sign-in link is said: standard output, at once (never the log)."""
         self.board = Board(data_dir / "web.db")
-        self.keys = security.Keys(data_dir / "web.key")
+        self.people = security.People(security.Keys(data_dir / "web.key"), settings)
         self.links = security.Links(data_dir / "web.links")
         self._stopping = asyncio.Event()
         self.url = ""
@@ -72,7 +73,7 @@ class WebChannel(ConnectionState):
 
         settings = self._settings
         async with AsyncExitStack() as serving:
-            api = WebApi(self.board, self.keys, self.links, settings.host, settings.allowed_hosts)
+            api = WebApi(self.board, self.people, self.links, settings.host, settings.allowed_hosts)
             try:
                 port = await serving.enter_async_context(
                     mounted(settings.host, settings.port, api.routes(deliver))

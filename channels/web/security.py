@@ -16,7 +16,14 @@ handlers call (`channels.web.api`), since the HTTP server is shared with other m
 - `with_headers` puts the Content-Security-Policy (no inline script or style, nothing from
   elsewhere: a second wall behind `channels.web.markup`'s sanitizer) and the other headers on
   every answer.
-- `check_host_setting` keeps the server on loopback: the operator's link is the only sign-in.
+- `People` says who a request is: the operator, by the cookie their link set, or, for a team,
+  the person a reverse proxy names in `[channels.web].user_header`. That header is anyone's to
+  write, so it counts only on a request from one of `trusted_proxies` (its peer address, never a
+  header about it); and a name must be safe in a conversation's place (no ":", at most 128
+  characters, never "operator"). Whether that person may use the chat is `allowed_users`, as on
+  the platforms (the dispatcher refuses their messages, `channels.web.api` the page).
+- `check_settings` keeps the server on loopback unless a team signs in through a trusted proxy:
+  elsewhere the operator's link would be the only wall.
 
 Both files are written whole to a temporary file of mode 0600 and moved into place, while the
 data directory is locked (`flock`) against the other processes of that directory; secrets are
@@ -30,6 +37,7 @@ import hmac
 import ipaddress
 import json
 import os
+import re
 import secrets
 import time
 from collections import deque
@@ -40,6 +48,7 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from channels.settings import WebSettings
 from core.errors import ConfigError
 
 COOKIE = "kaiwa_session"
@@ -58,6 +67,10 @@ _HEADERS = {
     "Referrer-Policy": "no-referrer",
 }
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+OPERATOR = WebSettings.OPERATOR
+MAX_NAME = 128
+"""The longest name a proxy may give a person."""
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 
 Clock = Callable[[], float]
 AnyResponse = TypeVar("AnyResponse", bound=web.StreamResponse)
@@ -166,6 +179,66 @@ class LoginLimiter:
         return recent
 
 
+class People:
+    """Who a request is signed in as, and whether they may use the web chat.
+
+    The session cookie comes first: a browser that opened the operator's link is the operator's,
+    through the proxy too. Else the person the proxy names, when the request's peer is one of
+    `trusted_proxies`; from any other address the header is ignored (the request is unsigned)."""
+
+    def __init__(self, keys: Keys, settings: WebSettings) -> None:
+        self._keys = keys
+        self._header = settings.user_header
+        self._proxies = [_network(each) for each in settings.trusted_proxies]
+        self._allowed = None if settings.anyone else {*settings.allowed_users, OPERATOR}
+        self.team = bool(settings.user_header)
+        """Whether a proxy signs people in besides the operator's link."""
+
+    def of(self, request: web.BaseRequest) -> str | None:
+        """Who `request` is signed in as; None: no one. A name the proxy gives that cannot be a
+        person's is refused (HTTPBadRequest, saying why)."""
+        return self._keys.person_of(request.cookies.get(COOKIE)) or self.named(request)
+
+    def named(self, request: web.BaseRequest) -> str | None:
+        """The person the trusted proxy names in `request`, None when it names none (or the
+        request did not come from it)."""
+        if not self._header or not self._trusted(request.remote):
+            return None
+        name = request.headers.get(self._header, "")
+        problem = _name_problem(name)
+        if problem is not None:
+            raise web.HTTPBadRequest(
+                text=f"Kaiwa's web chat cannot sign in the person its proxy named: {problem}. "
+                "The proxy's [channels.web].user_header must name people otherwise",
+                headers=_HEADERS | {"Cache-Control": "no-store"},
+            )
+        return name or None
+
+    def may_use(self, person: str) -> bool:
+        """Whether `person` is the operator, in `allowed_users`, or anyone may (`anyone`)."""
+        return self._allowed is None or person in self._allowed
+
+    def sign_in_operator(self, response: web.StreamResponse) -> None:
+        """Set the operator's session cookie on `response` (their link was redeemed)."""
+        self._keys.sign_in(response, OPERATOR)
+
+    def client(self, request: web.BaseRequest) -> str:
+        """Whom `request`'s failed sign-ins count against: the person the proxy names (behind a
+        proxy every request comes from its address, so that would lock a whole team out), else
+        the peer address."""
+        named = self.named(request)
+        return f"{named} (named by the proxy)" if named else request.remote or ""
+
+    def _trusted(self, remote: str | None) -> bool:
+        try:
+            address = ipaddress.ip_address(remote or "")
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped  # an IPv4 peer of a dual-stack socket
+        return any(address in network for network in self._proxies)
+
+
 def check_request(
     request: web.BaseRequest,
     *,
@@ -204,15 +277,54 @@ def with_headers(response: AnyResponse, *, page: bool) -> AnyResponse:
     return response
 
 
-def check_host_setting(host: str) -> None:
-    """A ConfigError unless `[channels.web].host` is loopback (127.0.0.0/8, ::1, localhost)."""
-    if not _loopback(host):
-        shown = host or '""'
+def check_settings(settings: WebSettings) -> None:
+    """A ConfigError for `[channels.web]` settings that would leave the chat open: a `user_header`
+    without the proxies it may come from, or a host other machines can reach without a proxy in
+    front (loopback: 127.0.0.0/8, ::1, localhost)."""
+    header, proxies = settings.user_header, settings.trusted_proxies
+    if header and not _HEADER_NAME.fullmatch(header):
+        raise ConfigError(
+            f'[channels.web].user_header is "{header}", which is not a header name: write one '
+            'like "X-Forwarded-User"'
+        )
+    for each in proxies:
+        _network(each)
+    if header and not proxies:
+        raise ConfigError(
+            f'[channels.web].user_header is "{header}" but [channels.web].trusted_proxies is '
+            "empty: list the addresses or networks the proxy connects from (e.g. "
+            '["127.0.0.1"]); from any other, anyone could write the header'
+        )
+    if not header and not _loopback(settings.host):
+        shown = settings.host or '""'
         raise ConfigError(
             f"[channels.web].host is {shown}, which other machines can reach, and the "
             "web chat's only sign-in is the operator's link: keep host = \"127.0.0.1\" and reach "
-            "it through an SSH tunnel or a reverse proxy"
+            "it through an SSH tunnel or a reverse proxy, or sign a team in through a reverse "
+            "proxy that names each person ([channels.web].user_header and trusted_proxies)"
         )
+
+
+def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """`text`, an address or a network of `[channels.web].trusted_proxies`, as a network."""
+    try:
+        return ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise ConfigError(
+            f'[channels.web].trusted_proxies has "{text}", which is not an address or a '
+            'network: write one like "10.0.0.5" or "10.0.0.0/24"'
+        ) from None
+
+
+def _name_problem(name: str) -> str | None:
+    """Why `name` cannot be a person's in a conversation's place, None when it can."""
+    if ":" in name:
+        return f'"{name[:MAX_NAME]}" has a ":", which separates the parts of a place'
+    if len(name) > MAX_NAME:
+        return f"the name is longer than {MAX_NAME} characters"
+    if name == OPERATOR:
+        return f'"{OPERATOR}" is the name of the operator\'s own sign-in (their link)'
+    return None
 
 
 def _loopback(host: str) -> bool:

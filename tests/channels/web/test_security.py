@@ -1,9 +1,12 @@
 """Who may use the web chat, and what every request of it must be: signed session cookies that
-survive a restart, one-time links any process can make, a limit on failed sign-ins, the Host
-and Origin checks against DNS rebinding and other sites' pages, and the security headers. Real
-files in a temporary directory; requests by a real aiohttp client to a real server on 127.0.0.1."""
+survive a restart, one-time links any process can make, a limit on failed sign-ins, the person
+a trusted proxy names, the Host and Origin checks against DNS rebinding and other sites' pages,
+and the security headers. Real files in a temporary directory; requests by a real aiohttp client
+to a real server on 127.0.0.1."""
 
 import base64
+import contextlib
+import dataclasses
 import stat
 import subprocess
 import sys
@@ -14,14 +17,16 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from channels.settings import WebSettings
 from channels.web.security import (
     COOKIE,
     CSP,
     Keys,
     Links,
     LoginLimiter,
-    check_host_setting,
+    People,
     check_request,
+    check_settings,
     with_headers,
 )
 from core.errors import ConfigError
@@ -326,28 +331,125 @@ async def test_signing_in_sets_a_strict_http_only_cookie_that_signs_in(tmp_path:
             assert await answer.text() == "operator"
 
 
-# -- the host setting ----------------------------------------------------------------------------
+# -- who a request is ----------------------------------------------------------------------------
+
+TEAM = WebSettings(user_header="X-Forwarded-User", trusted_proxies=["127.0.0.0/30"])
+
+
+@contextlib.asynccontextmanager
+async def asking_who(
+    tmp_path: Path, settings: WebSettings, host: str = "127.0.0.1"
+) -> AsyncIterator[tuple[Client, Keys]]:
+    """A server on `host` answering who each request is, and whom its failures count against."""
+    keys = Keys(tmp_path / "web.key")
+    people = People(keys, settings)
+
+    async def who(request: web.Request) -> web.Response:
+        return web.json_response({"person": people.of(request), "client": people.client(request)})
+
+    application = web.Application()
+    application.router.add_get("/", who)
+    async with TestClient(TestServer(application, host=host)) as client:
+        yield client, keys
+
+
+async def ask(client: Client, **headers: str) -> dict[str, str | None]:
+    return await ask_at(client, str(client.make_url("/")), **headers)
+
+
+async def ask_at(client: Client, url: str, **headers: str) -> dict[str, str | None]:
+    async with client.session.get(url, headers=headers) as answer:
+        assert answer.status == 200, await answer.text()
+        return dict(await answer.json())
+
+
+async def test_a_trusted_proxys_header_names_the_person(tmp_path: Path) -> None:
+    async with asking_who(tmp_path, TEAM) as (client, _):
+        assert await ask(client, **{"X-Forwarded-User": "ann"}) == {
+            "person": "ann",
+            "client": "ann (named by the proxy)",  # a team behind one proxy is not one address
+        }
+        assert await ask(client) == {"person": None, "client": "127.0.0.1"}
+
+
+async def test_the_header_from_an_address_not_trusted_is_ignored(tmp_path: Path) -> None:
+    elsewhere = dataclasses.replace(TEAM, trusted_proxies=["10.0.0.5", "192.168.0.0/16"])
+    async with asking_who(tmp_path, elsewhere) as (client, _):
+        assert await ask(client, **{"X-Forwarded-User": "ann"}) == {
+            "person": None,
+            "client": "127.0.0.1",
+        }
+
+
+async def test_without_a_user_header_setting_no_header_signs_in(tmp_path: Path) -> None:
+    operator_only = WebSettings(trusted_proxies=["127.0.0.1"])
+    async with asking_who(tmp_path, operator_only) as (client, _):
+        assert (await ask(client, **{"X-Forwarded-User": "ann"}))["person"] is None
+
+
+async def test_an_ipv4_proxy_reaching_a_dual_stack_server_is_trusted(tmp_path: Path) -> None:
+    """A server on "::" sees an IPv4 peer as ::ffff:127.0.0.1, which is the trusted address."""
+    async with asking_who(tmp_path, TEAM, host="::") as (client, _):
+        url = f"http://127.0.0.1:{client.port}/"
+        assert (await ask_at(client, url, **{"X-Forwarded-User": "ann"}))["person"] == "ann"
+
+
+async def test_the_operators_cookie_comes_before_the_proxys_name(tmp_path: Path) -> None:
+    async with asking_who(tmp_path, TEAM) as (client, keys):
+        cookie = f"{COOKIE}={keys.cookie_for('operator')}"
+        who = await ask(client, **{"X-Forwarded-User": "ann", "Cookie": cookie})
+        assert who["person"] == "operator"
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("ann:x", '"ann:x" has a ":"'),
+        ("a" * 129, "longer than 128 characters"),
+        ("operator", "the name of the operator's own sign-in"),
+    ],
+)
+async def test_a_name_that_cannot_be_a_persons_is_refused_saying_why(
+    tmp_path: Path, name: str, why: str
+) -> None:
+    async with (
+        asking_who(tmp_path, TEAM) as (client, _),
+        client.get("/", headers={"X-Forwarded-User": name}) as answer,
+    ):
+        assert answer.status == 400
+        assert why in await answer.text()
+        assert "[channels.web].user_header" in await answer.text()
+        assert answer.headers["Content-Security-Policy"] == CSP
+
+
+async def test_a_name_of_128_characters_passes(tmp_path: Path) -> None:
+    async with asking_who(tmp_path, TEAM) as (client, _):
+        assert (await ask(client, **{"X-Forwarded-User": "a" * 128}))["person"] == "a" * 128
+
+
+# -- the settings --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
 def test_a_loopback_host_setting_passes(host: str) -> None:
-    check_host_setting(host)
+    check_settings(WebSettings(host=host))
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.10", "kaiwa.example.com", ""])
 def test_a_host_other_machines_can_reach_is_refused_with_the_fix(host: str) -> None:
     with pytest.raises(ConfigError) as refused:
-        check_host_setting(host)
+        check_settings(WebSettings(host=host))
     assert "[channels.web].host is " in str(refused.value)
     assert 'keep host = "127.0.0.1"' in str(refused.value)
     assert "SSH tunnel or a reverse proxy" in str(refused.value)
 
 
-def test_the_host_settings_refusal_in_the_specs_words() -> None:
+def test_the_host_settings_refusal_names_both_ways() -> None:
     with pytest.raises(ConfigError) as refused:
-        check_host_setting("0.0.0.0")
+        check_settings(WebSettings(host="0.0.0.0"))
     assert str(refused.value) == (
         "[channels.web].host is 0.0.0.0, which other machines can reach, and the web chat's only "
         'sign-in is the operator\'s link: keep host = "127.0.0.1" and reach it through an SSH '
-        "tunnel or a reverse proxy"
+        "tunnel or a reverse proxy, or sign a team in through a reverse proxy that names each "
+        "person ([channels.web].user_header and trusted_proxies)"
     )
