@@ -1,0 +1,326 @@
+"""The web chat as a person sees it: the real page (`channels/web/static/`) in chromium, signed
+in by the printed link, on the real channel and the fake Ollama.
+
+Each test asserts what is on screen (bubbles, buttons, the status line), through Playwright's
+`expect`, which waits for the page to get there; the model's pauses (`Pause`, `release`) say
+when a reply is half written. A test asks for `web` before `page`, so the page closes before
+the channel stops.
+"""
+
+import asyncio
+import os
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, Locator, Page, Route, expect
+
+from channels.settings import WebSettings
+from channels.web.channel import WebChannel
+from core.dispatch.dispatcher import Allowed
+from core.features.approvals.questions import ApprovalSettings
+from tests.channels.platforms import running
+from tests.fakes.ollama import Pause, Text, ToolCall
+from tests.fakes.patience import deadline
+from tests.harness import Bot, BotFactory
+
+SHOT_ENV = "KAIWA_README_SHOT"
+"""Set (to any value) to write README's screenshot, docs/web-chat.png; otherwise the test
+takes it into its own temporary folder, leaving the work tree as it was."""
+README_SHOT = Path(__file__).parents[3] / "docs" / "web-chat.png"
+HOSTILE = (
+    "<script>window.hacked=1</script> "
+    '<img src=x onerror="window.hacked=2"> '
+    "[click](javascript:window.hacked=3)"
+)
+
+
+async def signed_in(page: Page, channel: WebChannel) -> None:
+    """The page opened by a fresh sign-in link, the key gone from the address bar."""
+    await page.goto(channel.sign_in_link())
+    await expect(page.get_by_role("textbox", name="Message")).to_be_visible()
+    assert "key=" not in page.url
+
+
+async def new_conversation(page: Page) -> str:
+    """A press of "New conversation"; its id, once the page has it open."""
+    await page.get_by_role("button", name="New conversation").click()
+    await expect(page).to_have_url(re.compile(r"#[a-z0-9]{12}$"))
+    return page.url.rsplit("#", 1)[1]
+
+
+async def say(page: Page, text: str) -> None:
+    box = page.get_by_role("textbox", name="Message")
+    await box.fill(text)
+    await box.press("Enter")
+
+
+def bubbles(page: Page, role: str = "") -> Locator:
+    return page.locator(f"#log .bubble{'.' + role if role else ''}[data-id]")
+
+
+async def on_screen(page: Page) -> list[tuple[str, str, str]]:
+    """Every bubble shown, in order: (id, role, text)."""
+    return [
+        (
+            await each.get_attribute("data-id") or "",
+            (await each.get_attribute("class") or "").split()[1],
+            await each.locator(".body").inner_text(),
+        )
+        for each in await bubbles(page).all()
+    ]
+
+
+async def shown_once(page: Page, person: str, reply: str) -> None:
+    """The conversation on screen is the person's message and the finished reply, once each."""
+    await expect(bubbles(page, "kaiwa").locator(".body")).to_have_text(reply)
+    await expect(bubbles(page, "kaiwa")).not_to_have_class(re.compile("streaming"))
+    await expect(bubbles(page)).to_have_count(2)
+    await expect(bubbles(page, "person").locator(".body")).to_have_text(person)
+
+
+async def pinned(page: Page, bubble: Locator) -> Locator:
+    """The bubble `bubble` finds now, by its id, whatever its text and class become."""
+    return page.locator(f'#log .bubble[data-id="{await bubble.get_attribute("data-id")}"]')
+
+
+async def streaming(page: Page, partial: str) -> Locator:
+    """The reply being written, showing `partial` and its Stop button; the bubble, by its id
+    (so it is the same bubble once it has ended)."""
+    bubble = page.locator("#log .bubble.kaiwa.streaming[data-id]")
+    await expect(bubble.locator(".body")).to_have_text(partial)
+    await expect(bubble).to_have_attribute("aria-busy", "true")
+    await expect(bubble.get_by_role("button", name="Stop")).to_be_visible()
+    return await pinned(page, bubble)
+
+
+async def test_a_reply_shows_its_first_words_with_stop_then_ends_without_it(
+    web: tuple[Bot, WebChannel], page: Page
+) -> None:
+    bot, channel = web
+    bot.ollama.script(Text("First words"), Pause("mid"), Text(" and the rest."))
+    await signed_in(page, channel)
+    await new_conversation(page)
+
+    box = page.get_by_role("textbox", name="Message")
+    await box.fill("line one")
+    await box.press("Shift+Enter")  # a new line in the box, not a message
+    await box.press_sequentially("line two")
+    await expect(box).to_have_value("line one\nline two")
+    await box.press("Enter")
+    await expect(box).to_have_value("")
+
+    reply = await streaming(page, "First words")
+    bot.ollama.release("mid")
+    await expect(reply.locator(".body")).to_have_text("First words and the rest.")
+    await expect(reply).to_have_attribute("aria-busy", "false")
+    await expect(page.get_by_role("button", name="Stop")).to_have_count(0)
+    await expect(bubbles(page, "person")).to_have_count(1)
+    await expect(bubbles(page, "person").locator(".body")).to_have_text("line one\nline two")
+
+
+async def test_stop_keeps_the_partial_across_a_reload(
+    web: tuple[Bot, WebChannel], page: Page
+) -> None:
+    bot, channel = web
+    bot.ollama.script(Text("Half an answer"), Pause("forever"), Text(" never"))
+    await signed_in(page, channel)
+    conversation = await new_conversation(page)
+    await say(page, "talk")
+    reply = await streaming(page, "Half an answer")
+
+    await reply.get_by_role("button", name="Stop").click()
+    await expect(reply.locator(".body")).to_have_text("Half an answer (stopped)")
+    await expect(reply).to_have_attribute("aria-busy", "false")
+    await expect(page.get_by_role("button", name="Stop")).to_have_count(0)
+    await expect(bubbles(page, "notice").locator(".body")).to_have_text("Stopped.")
+    await bot.runner.wait_idle(f"web:operator:{conversation}")
+    before = await on_screen(page)
+
+    await page.reload()
+    await expect(bubbles(page)).to_have_count(len(before))
+    assert await on_screen(page) == before
+    assert [role for _, role, _ in before] == ["person", "kaiwa", "notice"]
+
+
+async def test_a_reload_mid_reply_shows_every_bubble_once_and_the_reply_goes_on(
+    web: tuple[Bot, WebChannel], page: Page
+) -> None:
+    bot, channel = web
+    bot.ollama.script(Text("Half"), Pause("mid"), Text(" and whole."))
+    await signed_in(page, channel)
+    await new_conversation(page)
+    await say(page, "go")
+    await streaming(page, "Half")
+
+    await page.reload()
+    await streaming(page, "Half")
+    bot.ollama.release("mid")
+    await shown_once(page, "go", "Half and whole.")
+
+
+async def test_a_dropped_stream_mid_reply_shows_every_bubble_once_and_the_reply_goes_on(
+    web: tuple[Bot, WebChannel], page: Page
+) -> None:
+    """The server ends the page's stream and the page cannot get back for a while (its
+    reconnections fail): it says so, and once back it shows the reply finished meanwhile."""
+    bot, channel = web
+    bot.ollama.script(Text("Half"), Pause("mid"), Text(" and whole."))
+    await signed_in(page, channel)
+    conversation = await new_conversation(page)
+    await say(page, "go")
+    await streaming(page, "Half")
+
+    async def unreachable(route: Route) -> None:
+        await route.abort("connectionrefused")
+
+    await page.route("**/api/events*", unreachable)
+    channel.board.end_streams()
+    await expect(page.get_by_role("status")).to_have_text("Reconnecting…")
+    bot.ollama.release("mid")
+    await bot.runner.wait_idle(f"web:operator:{conversation}")
+
+    await page.unroute("**/api/events*", unreachable)
+    await expect(page.get_by_role("status")).to_have_text("")
+    await shown_once(page, "go", "Half and whole.")
+
+
+async def test_a_second_tab_shows_the_message_and_the_reply_as_they_come(
+    web: tuple[Bot, WebChannel], page: Page
+) -> None:
+    bot, channel = web
+    bot.ollama.script(Text("Coming"), Pause("mid"), Text(" along."))
+    await signed_in(page, channel)
+    conversation = await new_conversation(page)
+    other = await page.context.new_page()
+    await other.goto(f"{channel.url}/#{conversation}")
+    await expect(other.get_by_role("textbox", name="Message")).to_be_visible()
+
+    await say(page, "hello from tab one")
+    await expect(bubbles(other, "person").locator(".body")).to_have_text("hello from tab one")
+    await streaming(other, "Coming")
+    bot.ollama.release("mid")
+    await shown_once(other, "hello from tab one", "Coming along.")
+    await shown_once(page, "hello from tab one", "Coming along.")
+
+
+async def test_a_reply_with_script_and_hostile_links_shows_as_text_and_runs_nothing(
+    web: tuple[Bot, WebChannel], page: Page
+) -> None:
+    bot, channel = web
+    bot.ollama.script(Text(HOSTILE))
+    await signed_in(page, channel)
+    conversation = await new_conversation(page)
+    await say(page, "hi")
+    await bot.runner.wait_idle(f"web:operator:{conversation}")
+
+    reply = bubbles(page, "kaiwa").locator(".body")
+    await expect(reply).to_contain_text("<script>window.hacked=1</script>")
+    await expect(reply).to_contain_text('<img src=x onerror="window.hacked=2">')
+    await expect(reply).to_contain_text("javascript:window.hacked=3")
+    for hostile in ("#log script", "#log img", '#log a[href^="javascript"]'):
+        await expect(page.locator(hostile)).to_have_count(0)
+    assert await page.evaluate("window.hacked") is None
+
+
+async def test_without_a_session_the_sign_in_page_is_shown_and_no_message_box(
+    web: tuple[Bot, WebChannel], page: Page, browser: Browser
+) -> None:
+    """Signed in in one context, another (no cookie) gets the sign-in page, and the used link
+    does not sign it in either."""
+    _, channel = web
+    link = channel.sign_in_link()
+    await page.goto(link)
+    await expect(page.get_by_role("textbox", name="Message")).to_be_visible()
+
+    stranger = await browser.new_context()
+    try:
+        other = await stranger.new_page()
+        answer = await other.goto(channel.url)
+        assert answer is not None and answer.status == 401
+        await expect(other.locator("body")).to_contain_text("kaiwa web-link")
+        await expect(other.get_by_role("textbox", name="Message")).to_have_count(0)
+        used = await other.goto(link)
+        assert used is not None and used.status == 403
+        await expect(other.locator("body")).to_contain_text("not valid")
+        await expect(other.get_by_role("textbox", name="Message")).to_have_count(0)
+    finally:
+        await stranger.close()
+
+
+@pytest.fixture
+async def asking_web(make_bot: BotFactory, tmp_path: Path) -> AsyncIterator[tuple[Bot, WebChannel]]:
+    """`web` with a bot whose `echo` tool asks first."""
+    channel = WebChannel(WebSettings(enabled=True, port=0), tmp_path, announce=lambda _: None)
+    bot = make_bot(
+        channel=channel, access=Allowed(users=None), approvals=ApprovalSettings(ask=["echo"])
+    )
+    async with running(channel, bot):
+        await asyncio.wait_for(channel.connected.wait(), deadline())
+        yield bot, channel
+
+
+async def test_an_approval_is_answered_by_its_button(
+    asking_web: tuple[Bot, WebChannel], page: Page
+) -> None:
+    bot, channel = asking_web
+    bot.ollama.script(ToolCall("echo", {"word": "hello"}))
+    bot.ollama.script(Text("The tool said hello."))
+    await signed_in(page, channel)
+    conversation = await new_conversation(page)
+    await say(page, "say hello")
+
+    allow = page.get_by_role("button", name="Allow once")
+    question = await pinned(page, bubbles(page, "notice").filter(has=allow))
+    await expect(question.locator(".body")).to_contain_text("echo(hello)")
+    await question.get_by_role("button", name="Allow once").click()
+    await expect(question.locator(".body")).to_contain_text("operator allowed it once.")
+    await expect(question.get_by_role("button")).to_have_count(0)
+    await expect(bubbles(page, "kaiwa").last).to_contain_text("The tool said hello.")
+    await bot.runner.wait_idle(f"web:operator:{conversation}")
+    shown = [(role, text) for _, role, text in await on_screen(page)]
+    assert shown[:2] == [
+        ("person", "say hello"),
+        ("notice", "echo(hello): operator allowed it once."),
+    ]
+    assert sorted(shown[2:]) == [  # the reply and the answer's own notice race: either first
+        ("kaiwa", "The tool said hello."),
+        ("notice", "You allowed it once: echo(hello)."),
+    ]
+    tool = [m for m in bot.ollama.requests[1]["messages"] if m["role"] == "tool"]
+    assert [m["content"] for m in tool] == ["echo hello"]
+
+
+async def test_the_screenshot_for_the_readme(
+    web: tuple[Bot, WebChannel], page: Page, tmp_path: Path
+) -> None:
+    """docs/web-chat.png, which README.md shows: a conversation with a Markdown answer, its
+    code highlighted, and the next reply being written (`KAIWA_README_SHOT=1` writes it)."""
+    bot, channel = web
+    bot.ollama.script(
+        Text(
+            "Use **`pathlib`**: it reads the whole file in one call.\n\n"
+            "```python\nfrom pathlib import Path\n\n"
+            "def words(name: str) -> int:\n"
+            '    """How many words the file holds."""\n'
+            "    return len(Path(name).read_text().split())\n```\n\n"
+            "- `read_text()` closes the file for you\n"
+            "- `split()` with no argument splits on any whitespace"
+        )
+    )
+    bot.ollama.script(Text("It counts each run of"), Pause("shot"), Text(" whitespace once."))
+    await page.set_viewport_size({"width": 1100, "height": 700})
+    await signed_in(page, channel)
+    conversation = await new_conversation(page)
+    await say(page, "How do I count the words in a file in Python?")
+    await bot.runner.wait_idle(f"web:operator:{conversation}")
+    await expect(bubbles(page, "kaiwa").locator("pre")).to_be_visible()
+    await say(page, "And two spaces in a row?")
+    await streaming(page, "It counts each run of")
+
+    shot = README_SHOT if os.environ.get(SHOT_ENV) else tmp_path / "web-chat.png"
+    await page.screenshot(path=shot, animations="disabled")
+    assert shot.stat().st_size > 0
+    bot.ollama.release("shot")
+    await expect(page.get_by_role("button", name="Stop")).to_have_count(0)
