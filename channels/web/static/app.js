@@ -15,6 +15,9 @@
 // - A message carries a client_id made once, so a retry after a network failure is the same
 //   message to the server (never answered twice); messages leave one at a time, in order.
 // - The CSP forbids inline script and style: no HTML strings, no style attributes.
+// - Pictures (pasted, dropped or chosen) go with the next message as base64; the server tells
+//   their kind by their bytes and keeps them with the bubble, which shows them from the server
+//   (`/api/image`), so a reload shows them as sent. Until then a preview is a local blob: URL.
 "use strict";
 
 (() => {
@@ -23,6 +26,9 @@
   const RETRYABLE_STATUSES = new Set([502, 503, 504]);
   const NEAR_BOTTOM_PX = 48;
   const WHO = { person: "You", kaiwa: "Kaiwa", notice: "Notice" };
+  const PICTURES_MOST = 4;
+  const PICTURE_BYTES_MOST = 10 * 1024 * 1024;
+  const PICTURE_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
   const SIGNED_OUT =
     "Signed out: open the link Kaiwa printed (web chat: …), or run `kaiwa web-link` for a new one.";
 
@@ -36,6 +42,9 @@
     problem: element("problem"),
     composer: element("composer"),
     message: element("message"),
+    attached: element("attached"),
+    addPicture: element("add-picture"),
+    pictureFile: element("picture-file"),
   };
 
   const state = {
@@ -45,6 +54,7 @@
     shown: new Map(), // bubble id → its element, for the open conversation
     items: new Map(), // conversation id → its list item
     lastSeq: null, // the highest event id seen, for a stream opened anew
+    attached: [], // pictures for the next message: {name, data (base64), preview (blob: URL)}
   };
 
   // ---- talking to the server ----
@@ -214,9 +224,17 @@
     say(who, `${WHO[role]}:`);
     const body = document.createElement("div");
     body.className = "body";
+    const pictures = document.createElement("div");
+    pictures.className = "pictures";
+    for (const id of bubble.images ?? []) {
+      const picture = document.createElement("img");
+      picture.src = `/api/image?id=${encodeURIComponent(id)}`;
+      picture.alt = role === "person" ? "A picture you sent" : "A picture";
+      pictures.append(picture);
+    }
     const buttons = document.createElement("div");
     buttons.className = "buttons";
-    article.append(who, body, buttons);
+    article.append(who, body, pictures, buttons);
     return article;
   }
 
@@ -336,16 +354,19 @@
 
   async function send() {
     const text = ui.message.value.trim();
-    if (!text) {
+    const pictures = state.attached;
+    if (!text && !pictures.length) {
       return;
     }
     ui.message.value = "";
+    attach([]);
     const conversation = state.open ?? (await startConversation());
     if (!conversation) {
-      giveBack(text);
+      giveBack(text, pictures);
       return;
     }
-    outbox.push({ conversation, text, client_id: clientId() });
+    const images = pictures.map((picture) => picture.data);
+    outbox.push({ conversation, text, client_id: clientId(), images, pictures });
     if (!sending) {
       sending = true;
       try {
@@ -362,13 +383,15 @@
   async function deliver(message) {
     for (let wait = RETRY_FIRST_MS; ; wait = Math.min(wait * 2, RETRY_MOST_MS)) {
       try {
-        await post("/api/messages", message);
+        const { pictures, ...body } = message;
+        await post("/api/messages", body);
+        pictures.forEach((picture) => URL.revokeObjectURL(picture.preview));
         say(ui.problem, "");
         return;
       } catch (error) {
         if (!isNetworkFailure(error)) {
           say(ui.problem, `Not sent: ${error.message}`);
-          giveBack(message.text);
+          giveBack(message.text, message.pictures);
           return;
         }
         say(ui.problem, "Not sent yet: no connection to Kaiwa. Trying again…");
@@ -377,9 +400,63 @@
     }
   }
 
-  function giveBack(text) {
+  function giveBack(text, pictures = []) {
     if (!ui.message.value) {
       ui.message.value = text; // nothing the person wrote is lost
+    }
+    if (!state.attached.length) {
+      attach(pictures);
+    }
+  }
+
+  // ---- pictures for the next message ----
+
+  function attach(pictures) {
+    state.attached = pictures;
+    ui.attached.replaceChildren(
+      ...pictures.map((picture, index) => {
+        const item = document.createElement("li");
+        const preview = document.createElement("img");
+        preview.src = picture.preview;
+        preview.alt = picture.name;
+        const remove = document.createElement("button");
+        remove.type = "button";
+        say(remove, `Remove ${picture.name}`);
+        remove.addEventListener("click", () => {
+          URL.revokeObjectURL(picture.preview);
+          attach(state.attached.filter((_, other) => other !== index));
+        });
+        item.append(preview, remove);
+        return item;
+      }),
+    );
+  }
+
+  function base64Of(file) {
+    return new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.addEventListener("load", () => resolve(String(reader.result).split(",", 2)[1] ?? ""));
+      reader.addEventListener("error", () => reject(reader.error));
+      reader.readAsDataURL(file);
+    });
+  }
+
+  async function takePictures(files) {
+    const taken = [];
+    for (const file of files) {
+      if (!PICTURE_TYPES.has(file.type)) {
+        say(ui.problem, `${file.name || "That file"} is not a picture Kaiwa takes (PNG, JPEG, GIF or WebP).`);
+      } else if (file.size > PICTURE_BYTES_MOST) {
+        say(ui.problem, `${file.name || "That picture"} is larger than 10 MB.`);
+      } else if (state.attached.length + taken.length >= PICTURES_MOST) {
+        say(ui.problem, `A message takes at most ${PICTURES_MOST} pictures.`);
+      } else {
+        const name = file.name || `picture ${state.attached.length + taken.length + 1}`;
+        taken.push({ name, data: await base64Of(file), preview: URL.createObjectURL(file) });
+      }
+    }
+    if (taken.length) {
+      attach([...state.attached, ...taken]);
     }
   }
 
@@ -451,6 +528,26 @@
   ui.composer.addEventListener("submit", (event) => {
     event.preventDefault();
     send();
+  });
+  ui.message.addEventListener("paste", (event) => {
+    const files = [...(event.clipboardData?.files ?? [])];
+    if (files.length) {
+      event.preventDefault();
+      takePictures(files);
+    }
+  });
+  ui.composer.addEventListener("dragover", (event) => event.preventDefault());
+  ui.composer.addEventListener("drop", (event) => {
+    const files = [...(event.dataTransfer?.files ?? [])];
+    if (files.length) {
+      event.preventDefault();
+      takePictures(files);
+    }
+  });
+  ui.addPicture.addEventListener("click", () => ui.pictureFile.click());
+  ui.pictureFile.addEventListener("change", () => {
+    takePictures([...ui.pictureFile.files]);
+    ui.pictureFile.value = "";
   });
   ui.message.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing && event.keyCode !== 229) {

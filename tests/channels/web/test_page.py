@@ -8,6 +8,7 @@ the channel stops.
 """
 
 import asyncio
+import base64
 import os
 import re
 from collections.abc import AsyncIterator
@@ -290,6 +291,41 @@ async def test_an_approval_is_answered_by_its_button(
     ]
     tool = [m for m in bot.ollama.requests[1]["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in tool] == ["echo hello"]
+
+
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+@pytest.mark.bot(images=True)
+async def test_a_chosen_picture_goes_with_the_message_and_shows_after_a_reload(
+    web: tuple[Bot, WebChannel], page: Page
+) -> None:
+    bot, channel = web
+    bot.ollama.script(Text("A single pixel."))
+    await signed_in(page, channel)
+    conversation = await new_conversation(page)
+    files = [
+        {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not a picture"},
+        {"name": "dot.png", "mimeType": "image/png", "buffer": PNG},
+    ]
+    await page.set_input_files("#picture-file", files=files)  # what "Add picture" opens
+
+    await expect(page.get_by_role("alert")).to_contain_text("notes.txt is not a picture")
+    await expect(page.get_by_role("button", name="Remove dot.png")).to_be_visible()
+    await say(page, "what is this?")
+    await bot.runner.wait_idle(f"web:operator:{conversation}")
+    await expect(bubbles(page, "kaiwa").locator(".body")).to_have_text("A single pixel.")
+    await expect(page.get_by_role("button", name="Remove dot.png")).to_have_count(0)
+
+    (asked,) = [m for m in bot.ollama.requests[0]["messages"] if m["role"] == "user"]
+    assert asked["images"] == [base64.b64encode(PNG).decode()]
+    await page.reload()
+    sent = bubbles(page, "person").get_by_role("img", name="A picture you sent")
+    await expect(sent).to_have_count(1)
+    loaded = await sent.evaluate("image => image.complete && image.naturalWidth")
+    assert loaded == 1, "the picture is served back from the board"
 
 
 async def test_the_screenshot_for_the_readme(
