@@ -22,6 +22,7 @@ from channels.web.channel import WebChannel
 from core.dispatch.dispatcher import Allowed
 from core.features.approvals.questions import ApprovalSettings
 from tests.channels.platforms import running
+from tests.channels.web.test_channel import PNG
 from tests.fakes.ollama import Pause, Text, ToolCall
 from tests.fakes.patience import deadline
 from tests.harness import Bot, BotFactory
@@ -291,11 +292,6 @@ async def test_an_approval_is_answered_by_its_button(
     ]
     tool = [m for m in bot.ollama.requests[1]["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in tool] == ["echo hello"]
-
-
-PNG = base64.b64decode(
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
-)
 
 
 @pytest.mark.bot(images=True)
