@@ -43,6 +43,7 @@
     composer: element("composer"),
     message: element("message"),
     attached: element("attached"),
+    views: element("views"),
     addPicture: element("add-picture"),
     pictureFile: element("picture-file"),
   };
@@ -288,17 +289,7 @@
     const button = document.createElement("button");
     button.type = "button";
     say(button, label);
-    button.addEventListener("click", async () => {
-      button.disabled = true;
-      try {
-        await post("/api/press", { conversation, command });
-        say(ui.problem, "");
-      } catch (error) {
-        say(ui.problem, `“${label}” did not reach Kaiwa: ${error instanceof Refused ? error.message : "no connection."}`);
-      } finally {
-        button.disabled = false;
-      }
-    });
+    button.addEventListener("click", () => press(button, conversation, label, command));
     return button;
   }
 
@@ -308,6 +299,18 @@
     change();
     if (atBottom) {
       log.scrollTop = log.scrollHeight;
+    }
+  }
+
+  async function press(button, conversation, label, command) {
+    button.disabled = true;
+    try {
+      await post("/api/press", { conversation, command });
+      say(ui.problem, "");
+    } catch (error) {
+      say(ui.problem, `“${label}” did not reach Kaiwa: ${error instanceof Refused ? error.message : "no connection."}`);
+    } finally {
+      button.disabled = false;
     }
   }
 
@@ -545,6 +548,16 @@
     }
   });
   ui.addPicture.addEventListener("click", () => ui.pictureFile.click());
+  // the views of a conversation (its sub-agents, tasks, plans, usage) are its commands' answers,
+  // with their buttons (Stop one sub-agent, pause a task), as typed
+  for (const button of ui.views.querySelectorAll("button[data-command]")) {
+    button.addEventListener("click", async () => {
+      const conversation = state.open ?? (await startConversation());
+      if (conversation) {
+        press(button, conversation, button.textContent, button.dataset.command);
+      }
+    });
+  }
   ui.pictureFile.addEventListener("change", () => {
     takePictures([...ui.pictureFile.files]);
     ui.pictureFile.value = "";

@@ -7,25 +7,20 @@ when a reply is half written. A test asks for `web` before `page`, so the page c
 the channel stops.
 """
 
-import asyncio
 import base64
 import os
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from playwright.async_api import Browser, Locator, Page, Route, expect
 
-from channels.settings import WebSettings
 from channels.web.channel import WebChannel
-from core.dispatch.dispatcher import Allowed
 from core.features.approvals.questions import ApprovalSettings
-from tests.channels.platforms import running
 from tests.channels.web.test_channel import PNG
+from tests.core.features.test_subagents import QUIET, RESEARCHER, reports, task
 from tests.fakes.ollama import Pause, Text, ToolCall
-from tests.fakes.patience import deadline
-from tests.harness import Bot, BotFactory
+from tests.harness import Bot
 
 SHOT_ENV = "KAIWA_README_SHOT"
 """Set (to any value) to write README's screenshot, docs/web-chat.png; otherwise the test
@@ -251,22 +246,11 @@ async def test_without_a_session_the_sign_in_page_is_shown_and_no_message_box(
         await stranger.close()
 
 
-@pytest.fixture
-async def asking_web(make_bot: BotFactory, tmp_path: Path) -> AsyncIterator[tuple[Bot, WebChannel]]:
-    """`web` with a bot whose `echo` tool asks first."""
-    channel = WebChannel(WebSettings(enabled=True, port=0), tmp_path, announce=lambda _: None)
-    bot = make_bot(
-        channel=channel, access=Allowed(users=None), approvals=ApprovalSettings(ask=["echo"])
-    )
-    async with running(channel, bot):
-        await asyncio.wait_for(channel.connected.wait(), deadline())
-        yield bot, channel
-
-
+@pytest.mark.bot(approvals=ApprovalSettings(ask=["echo"]))
 async def test_an_approval_is_answered_by_its_button(
-    asking_web: tuple[Bot, WebChannel], page: Page
+    web: tuple[Bot, WebChannel], page: Page
 ) -> None:
-    bot, channel = asking_web
+    bot, channel = web
     bot.ollama.script(ToolCall("echo", {"word": "hello"}))
     bot.ollama.script(Text("The tool said hello."))
     await signed_in(page, channel)
@@ -322,6 +306,52 @@ async def test_a_chosen_picture_goes_with_the_message_and_shows_after_a_reload(
     await expect(sent).to_have_count(1)
     loaded = await sent.evaluate("image => image.complete && image.naturalWidth")
     assert loaded == 1, "the picture is served back from the board"
+
+
+@pytest.mark.bot(agents={"researcher": RESEARCHER}, delegates_to=("researcher",), subagents=QUIET)
+async def test_one_sub_agent_is_stopped_from_the_page_and_the_other_goes_on(
+    web: tuple[Bot, WebChannel], page: Page
+) -> None:
+    bot, channel = web
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples"), task("find pears")]}))
+    bot.ollama.script(Text("Two helpers are on it."))
+    bot.ollama.script_for("apples", Pause("apples"), reports("Apples: 3 kinds."))
+    bot.ollama.script_for("pears", Pause("pears"), reports("Pears: 2 kinds."))
+    bot.ollama.script(Text("The apples helper was stopped."))
+    bot.ollama.script(Text("Pears came back: 2 kinds."))
+    await signed_in(page, channel)
+    conversation = await new_conversation(page)
+    await say(page, "what fruit is there?")
+    await expect(bubbles(page, "kaiwa").locator(".body")).to_have_text("Two helpers are on it.")
+    await bot.ollama.reached("apples")
+    await bot.ollama.reached("pears")
+
+    await page.get_by_role("button", name="Sub-agents").click()
+    listing = bubbles(page, "notice").filter(has_text="Sub-agents here:")
+    await expect(listing.get_by_role("button", name="Stop find-apples")).to_be_visible()
+    await listing.get_by_role("button", name="Stop find-apples").click()
+    await expect(bubbles(page, "notice").filter(has_text="stopped find-apples")).to_have_count(1)
+    last_reply = bubbles(page, "kaiwa").last.locator(".body")
+    await expect(last_reply).to_have_text("The apples helper was stopped.")  # its report's turn
+    bot.ollama.release("pears")
+    await expect(last_reply).to_have_text("Pears came back: 2 kinds.")
+    stored = await bot.store.active_conversation(f"web:operator:{conversation}")
+    assert stored is not None and stored.id is not None
+    runs = await bot.store.runs(stored.id)
+    assert [(run.key, run.status) for run in runs] == [("a1", "stopped"), ("a2", "done")]
+
+
+async def test_the_usage_view_shows_the_conversations_figures(
+    web: tuple[Bot, WebChannel], page: Page
+) -> None:
+    bot, channel = web
+    bot.ollama.script(Text("Hello."))
+    await signed_in(page, channel)
+    await new_conversation(page)
+    await say(page, "hi")
+    await expect(bubbles(page, "kaiwa").locator(".body")).to_have_text("Hello.")
+    await page.get_by_role("button", name="Usage").click()
+    await expect(bubbles(page, "notice").last.locator(".body")).to_contain_text("model call")
 
 
 async def test_the_screenshot_for_the_readme(
