@@ -341,6 +341,39 @@ async def test_one_sub_agent_is_stopped_from_the_page_and_the_other_goes_on(
     assert [(run.key, run.status) for run in runs] == [("a1", "stopped"), ("a2", "done")]
 
 
+@pytest.mark.bot(agents={"researcher": RESEARCHER}, delegates_to=("researcher",), subagents=QUIET)
+async def test_a_tab_closed_while_a_sub_agent_works_shows_its_report_when_opened_again(
+    web: tuple[Bot, WebChannel], page: Page
+) -> None:
+    """Kaiwa, not the tab, owns the work: the report's turn runs with no page open, and the
+    page opened later shows it, once."""
+    bot, channel = web
+    bot.ollama.script(ToolCall("delegate", {"tasks": [task("find apples")]}))
+    bot.ollama.script(Text("A helper is on it."))
+    bot.ollama.script_for("apples", Pause("apples"), reports("Apples: 3 kinds."))
+    bot.ollama.script(Text("The helper found 3 kinds of apples."))
+    await signed_in(page, channel)
+    conversation = await new_conversation(page)
+    await say(page, "what fruit is there?")
+    await expect(bubbles(page, "kaiwa").locator(".body")).to_have_text("A helper is on it.")
+    await bot.ollama.reached("apples")
+    place = f"web:operator:{conversation}"
+    run = bot.subagents.find(place, "a1")
+    assert run is not None
+    context = page.context
+    await page.close()  # the tab goes away while the sub-agent works
+
+    bot.ollama.release("apples")
+    await run.finished.wait()
+    await bot.runner.wait_idle(place)
+    reopened = await context.new_page()
+    await reopened.goto(f"{channel.url}/#{conversation}")
+
+    replies = bubbles(reopened, "kaiwa").locator(".body")
+    found = "The helper found 3 kinds of apples."
+    await expect(replies).to_have_text(["A helper is on it.", found])
+
+
 async def test_the_usage_view_shows_the_conversations_figures(
     web: tuple[Bot, WebChannel], page: Page
 ) -> None:
