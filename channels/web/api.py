@@ -46,7 +46,7 @@ from aiohttp import web
 
 from channels.places import WebPlace
 from channels.web import markup, security
-from channels.web.board import Board, Event, Picture
+from channels.web.board import Board, Entry, Event, Picture
 from core.channel import ChannelMessage, Deliver
 from core.errors import StoreError
 
@@ -350,7 +350,7 @@ async def _html(text: str) -> str:
     return html
 
 
-def _entry(entry: Any) -> dict[str, Any]:
+def _entry(entry: Entry) -> dict[str, Any]:
     return {
         "id": entry.id,
         "title": entry.title,

@@ -23,7 +23,7 @@ import asyncio
 import json
 import secrets
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
@@ -174,22 +174,31 @@ class Board:
         if entry is None:
             raise UnknownBubble(conversation)
         made = bubble_id or secrets.token_hex(8)
-        bubble = Bubble(made, conversation, role, text, buttons, streaming, False, _now())
-        with self._change(entry.person, conversation) as seq:
-            bubble = replace(bubble, seq=seq)
+        image_ids = tuple(secrets.token_hex(8) for _ in images)
+        bubble = Bubble(
+            made, conversation, role, text, buttons, streaming, False, _now(), images=image_ids
+        )
+
+        def write(seq: int) -> Bubble:
+            written = replace(bubble, seq=seq)
             self._db.execute(
-                "INSERT INTO bubbles VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", _bubble_row(bubble)
+                "INSERT INTO bubbles VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", _bubble_row(written)
             )
             self._db.executemany(
                 "INSERT INTO images VALUES (?, ?, ?, ?)",
-                [(secrets.token_hex(8), made, each.type, each.data) for each in images],
+                [
+                    (image, made, each.type, each.data)
+                    for image, each in zip(image_ids, images, strict=True)
+                ],
             )
             if role == "person" and entry.title == UNTITLED:
                 title = " ".join(text.split())[:TITLE_CHARS] or UNTITLED
                 self._db.execute(
                     "UPDATE conversations SET title = ? WHERE id = ?", (title, conversation)
                 )
-        return bubble
+            return written
+
+        return self._change(entry.person, conversation, write)
 
     def edit(
         self,
@@ -205,16 +214,18 @@ class Board:
             raise UnknownBubble(bubble_id)
         entry = self.entry(old.conversation)
         assert entry is not None
-        with self._change(entry.person, old.conversation) as seq:
-            bubble = replace(
-                old, text=text, buttons=buttons, streaming=streaming, deleted=deleted, seq=seq
-            )
+
+        def write(seq: int) -> Bubble:
             self._db.execute(
                 "UPDATE bubbles SET text = ?, buttons = ?, streaming = ?, deleted = ?, seq = ? "
                 "WHERE id = ?",
                 (text, _buttons_json(buttons), streaming, deleted, seq, bubble_id),
             )
-        return bubble
+            return replace(
+                old, text=text, buttons=buttons, streaming=streaming, deleted=deleted, seq=seq
+            )
+
+        return self._change(entry.person, old.conversation, write)
 
     def bubble(self, bubble_id: str) -> Bubble | None:
         found = self._db.execute("SELECT * FROM bubbles WHERE id = ?", (bubble_id,)).fetchone()
@@ -270,14 +281,14 @@ class Board:
 
     # -- inside ----------------------------------------------------------------------------------
 
-    @contextmanager
-    def _change(self, person: str, conversation: str) -> Iterator[int]:
-        """One change of a bubble in `conversation`, in one transaction with its list entry's
-        (updated, writing); both published once stored."""
+    def _change(self, person: str, conversation: str, write: Callable[[int], Bubble]) -> Bubble:
+        """One change of a bubble in `conversation` (`write`, given the change's number, returns
+        the bubble as written), in one transaction with its list entry's (updated, writing);
+        both published once stored."""
         seq = self._next()
         self._db.execute("BEGIN")
         try:
-            yield seq
+            bubble = write(seq)
             entry_seq = self._next()
             self._db.execute(
                 "UPDATE conversations SET updated = ?, seq = ? WHERE id = ?",
@@ -287,16 +298,11 @@ class Board:
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
-        bubble = self.bubble_at(seq)
-        if bubble is not None:
-            self._publish(person, _bubble_event(bubble))
+        self._publish(person, _bubble_event(bubble))
         entry = self.entry(conversation)
         assert entry is not None
         self._publish(person, _entry_event(entry))
-
-    def bubble_at(self, seq: int) -> Bubble | None:
-        found = self._db.execute("SELECT * FROM bubbles WHERE seq = ?", (seq,)).fetchone()
-        return self._bubble(found) if found else None
+        return bubble
 
     def _bubble(self, row: sqlite3.Row) -> Bubble:
         images = self._db.execute(

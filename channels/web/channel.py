@@ -85,7 +85,7 @@ class WebChannel(ConnectionState):
                 )
                 raise self.cannot_connect(ChannelError(problem)) from exc
             api.port = port
-            self.url = f"http://{_shown_host(settings.host)}:{port}"
+            self.url = _served_at(settings.host, port)
             self.now_connected()
             self._announce(f"web chat: {self.sign_in_link()}")
             await self._stopping.wait()
@@ -139,13 +139,13 @@ def link_for(settings: WebSettings, data_dir: Path) -> str:
             "running Kaiwa printed (web chat: …), or set a port"
         )
     secret = security.Links(data_dir / "web.links").make()
-    return f"http://{_shown_host(settings.host)}:{settings.port}/login?key={secret}"
+    return f"{_served_at(settings.host, settings.port)}/login?key={secret}"
 
 
 def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def _shown_host(host: str) -> str:
-    """The host as a URL writes it (an IPv6 address in brackets)."""
-    return f"[{host}]" if ":" in host else host
+def _served_at(host: str, port: int) -> str:
+    """The page's address (an IPv6 host in brackets)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

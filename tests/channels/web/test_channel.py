@@ -163,13 +163,10 @@ async def test_a_stream_resumed_after_a_drop_shows_every_bubble_once_and_goes_on
     bot.ollama.release("mid")
     await bot.runner.wait_idle(f"web:operator:{conversation}")
     resumed = client.events(last)
-    kinds: list[tuple[str, str]] = []
     await client.until(
         resumed,
         lambda: ("kaiwa", "Half and whole.", False) in client.bubbles(conversation),
     )
-    for bubble in client.seen.values():
-        kinds.append((bubble["role"], bubble["text"]))
     assert client.bubbles(conversation) == [
         ("person", "go", False),
         ("kaiwa", "Half and whole.", False),
