@@ -21,6 +21,9 @@ the JSON body or the query string:
   by their bytes, never by what the page says), stored with the bubble and served back to the
   person alone (`GET /api/image?id=`); the dispatcher decides whether the model sees them.
 - `POST /api/press` `{conversation, command}`: a button's press, delivered as that command.
+  Its answer is for the presser alone, as a platform's private answer is
+  (`channels.presses`): it comes back in the response (`answer`: text, html and buttons), for
+  the page that pressed to show apart from the conversation, never as a bubble everyone sees.
 - `GET /api/events`: Server-Sent Events, resumed by `Last-Event-ID` (`channels.web.board`).
 
 Server-Sent Events rather than a WebSocket: the stream only goes one way (what the person does
@@ -45,9 +48,10 @@ from typing import Any
 from aiohttp import web
 
 from channels.places import WebPlace
+from channels.presses import Press, pressing
 from channels.web import markup, security
 from channels.web.board import Board, Entry, Event, Picture
-from core.channel import ChannelMessage, Deliver
+from core.channel import Button, ChannelMessage, Deliver
 from core.errors import StoreError
 
 logger = logging.getLogger(__name__)
@@ -234,7 +238,19 @@ class WebApi:
             return _missing()
         if not command.startswith("/"):
             return web.json_response({"error": "a press carries a command"}, status=400)
-        return await self._delivered(person, conversation, f"press-{secrets.token_hex(8)}", command)
+        answers: list[dict[str, Any]] = []
+
+        async def answer(text: str, buttons: Sequence[Button]) -> None:
+            answers.append(await _answer(text, buttons))
+
+        press = Press(WebPlace(person, conversation).key, answer)
+        with pressing(press):
+            delivered = await self._delivered(
+                person, conversation, f"press-{secrets.token_hex(8)}", command
+            )
+        if delivered.status != 202:
+            return delivered
+        return web.json_response({"ok": True, "answer": answers[0] if answers else None})
 
     async def _image(self, request: web.Request) -> web.StreamResponse:
         person = self._person(request)
@@ -257,7 +273,7 @@ class WebApi:
         message_id: str,
         text: str,
         images: tuple[bytes, ...] = (),
-    ) -> web.StreamResponse:
+    ) -> web.Response:
         assert self._deliver is not None
         message = ChannelMessage(
             platform=WebPlace.platform,
@@ -348,6 +364,12 @@ async def _html(text: str) -> str:
             _RENDERED.popitem(last=False)
     _RENDERED.move_to_end(text)
     return html
+
+
+async def _answer(text: str, buttons: Sequence[Button]) -> dict[str, Any]:
+    """A press's private answer as the page shows it."""
+    listed = [{"label": button.label, "command": button.command} for button in buttons]
+    return {"text": text, "html": await _html(text), "buttons": listed}
 
 
 def _entry(entry: Entry) -> dict[str, Any]:

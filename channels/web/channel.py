@@ -23,6 +23,7 @@ from pathlib import Path
 
 from channels.connection import ConnectionState
 from channels.places import WebPlace
+from channels.presses import answered_privately
 from channels.rendering import (
     RenderSettings,
     StreamingReply,
@@ -122,6 +123,8 @@ class WebChannel(ConnectionState):
     async def notify(
         self, place: str, text: str, buttons: Sequence[Button] = ()
     ) -> tuple[str, ...]:
+        if await answered_privately(place, text, buttons):
+            return ()  # in the press's own answer, to the page that pressed
         transport = WebTransport(self.board, WebPlace.of(place).conversation, role="notice")
         return await send_notice(transport, text, NOTICE_SECONDS, buttons)
 

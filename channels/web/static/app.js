@@ -46,6 +46,9 @@
     views: element("views"),
     addPicture: element("add-picture"),
     pictureFile: element("picture-file"),
+    answer: element("answer"),
+    answerTitle: element("answer-title"),
+    closeAnswer: element("close-answer"),
   };
 
   const state = {
@@ -305,8 +308,11 @@
   async function press(button, conversation, label, command) {
     button.disabled = true;
     try {
-      await post("/api/press", { conversation, command });
+      const { answer } = await post("/api/press", { conversation, command });
       say(ui.problem, "");
+      if (answer) {
+        showAnswer(conversation, label, answer);
+      }
     } catch (error) {
       say(ui.problem, `“${label}” did not reach Kaiwa: ${error instanceof Refused ? error.message : "no connection."}`);
     } finally {
@@ -314,11 +320,32 @@
     }
   }
 
+  // a press's answer is the presser's alone (on a platform, a private reply): it shows in a
+  // panel of this page, never as a bubble of the conversation
+  function showAnswer(conversation, label, { html, buttons = [] }) {
+    if (conversation !== state.open) {
+      return; // the person moved on meanwhile
+    }
+    say(ui.answerTitle, label);
+    ui.answer.querySelector(".body").innerHTML = html ?? ""; // sanitized by the server
+    ui.answer.querySelector(".buttons").replaceChildren(
+      ...buttons.map((button) => pressable(conversation, button)),
+    );
+    ui.answer.hidden = false;
+  }
+
+  function closeAnswer() {
+    ui.answer.hidden = true;
+    ui.answer.querySelector(".body").replaceChildren();
+    ui.answer.querySelector(".buttons").replaceChildren();
+  }
+
   function openConversation(id) {
     if (state.open === id) {
       return;
     }
     state.open = id;
+    closeAnswer();
     state.shown.clear();
     ui.log.replaceChildren();
     const bubbles = [...bubblesOf(id).values()].filter((bubble) => !bubble.deleted);
@@ -548,6 +575,7 @@
     }
   });
   ui.addPicture.addEventListener("click", () => ui.pictureFile.click());
+  ui.closeAnswer.addEventListener("click", closeAnswer);
   // the views of a conversation (its sub-agents, tasks, plans, usage) are its commands' answers,
   // with their buttons (Stop one sub-agent, pause a task), as typed
   for (const button of ui.views.querySelectorAll("button[data-command]")) {

@@ -189,7 +189,8 @@ async def test_stop_pressed_keeps_the_partial_marked_stopped(
     assert streaming["buttons"] == [{"label": "Stop", "command": "/stop"}]
 
     answer = await client.post("/api/press", {"conversation": conversation, "command": "/stop"})
-    assert answer.status == 202
+    assert answer.status == 200
+    assert (await answer.json())["answer"]["text"] == "Stopped.", "the presser's own answer"
     await client.until(
         stream,
         lambda: any(
@@ -199,6 +200,7 @@ async def test_stop_pressed_keeps_the_partial_marked_stopped(
     )
     (kept,) = [b.text for b in channel.board.bubbles(conversation) if b.role == "kaiwa"]
     assert kept.startswith("Half an answer")
+    assert [b.role for b in channel.board.bubbles(conversation)] == ["person", "kaiwa"]
     await stream.aclose()
 
 

@@ -53,6 +53,11 @@ async def say(page: Page, text: str) -> None:
     await box.press("Enter")
 
 
+def answer(page: Page) -> Locator:
+    """The panel showing a press's answer, which is for this page alone."""
+    return page.get_by_role("region", name=re.compile("."))
+
+
 def bubbles(page: Page, role: str = "") -> Locator:
     return page.locator(f"#log .bubble{'.' + role if role else ''}[data-id]")
 
@@ -131,14 +136,16 @@ async def test_stop_keeps_the_partial_across_a_reload(
     await expect(reply.locator(".body")).to_have_text("Half an answer (stopped)")
     await expect(reply).to_have_attribute("aria-busy", "false")
     await expect(page.get_by_role("button", name="Stop")).to_have_count(0)
-    await expect(bubbles(page, "notice").locator(".body")).to_have_text("Stopped.")
+    await expect(answer(page).locator(".body")).to_have_text("Stopped.")
     await bot.runner.wait_idle(f"web:operator:{conversation}")
     before = await on_screen(page)
 
     await page.reload()
     await expect(bubbles(page)).to_have_count(len(before))
     assert await on_screen(page) == before
-    assert [role for _, role, _ in before] == ["person", "kaiwa", "notice"]
+    assert [role for _, role, _ in before] == ["person", "kaiwa"], (
+        "regression: Stop showed '(stopped)' and a 'Stopped.' bubble, the same news twice"
+    )
 
 
 async def test_a_reload_mid_reply_shows_every_bubble_once_and_the_reply_goes_on(
@@ -265,14 +272,12 @@ async def test_an_approval_is_answered_by_its_button(
     await expect(question.get_by_role("button")).to_have_count(0)
     await expect(bubbles(page, "kaiwa").last).to_contain_text("The tool said hello.")
     await bot.runner.wait_idle(f"web:operator:{conversation}")
+    await expect(answer(page).locator(".body")).to_have_text("You allowed it once: echo(hello).")
     shown = [(role, text) for _, role, text in await on_screen(page)]
-    assert shown[:2] == [
+    assert shown == [
         ("person", "say hello"),
         ("notice", "echo(hello): operator allowed it once."),
-    ]
-    assert sorted(shown[2:]) == [  # the reply and the answer's own notice race: either first
         ("kaiwa", "The tool said hello."),
-        ("notice", "You allowed it once: echo(hello)."),
     ]
     tool = [m for m in bot.ollama.requests[1]["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in tool] == ["echo hello"]
@@ -327,10 +332,10 @@ async def test_one_sub_agent_is_stopped_from_the_page_and_the_other_goes_on(
     await bot.ollama.reached("pears")
 
     await page.get_by_role("button", name="Sub-agents").click()
-    listing = bubbles(page, "notice").filter(has_text="Sub-agents here:")
-    await expect(listing.get_by_role("button", name="Stop find-apples")).to_be_visible()
+    listing = answer(page)
+    await expect(listing).to_contain_text("Sub-agents here:")
     await listing.get_by_role("button", name="Stop find-apples").click()
-    await expect(bubbles(page, "notice").filter(has_text="stopped find-apples")).to_have_count(1)
+    await expect(listing).to_contain_text("stopped find-apples")
     last_reply = bubbles(page, "kaiwa").last.locator(".body")
     await expect(last_reply).to_have_text("The apples helper was stopped.")  # its report's turn
     bot.ollama.release("pears")
@@ -384,7 +389,10 @@ async def test_the_usage_view_shows_the_conversations_figures(
     await say(page, "hi")
     await expect(bubbles(page, "kaiwa").locator(".body")).to_have_text("Hello.")
     await page.get_by_role("button", name="Usage").click()
-    await expect(bubbles(page, "notice").last.locator(".body")).to_contain_text("model call")
+    await expect(answer(page).locator(".body")).to_contain_text("model call")
+    await expect(bubbles(page, "notice")).to_have_count(0)
+    await answer(page).get_by_role("button", name="Close").click()
+    await expect(answer(page)).to_have_count(0)
 
 
 async def test_the_screenshot_for_the_readme(
