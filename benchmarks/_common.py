@@ -37,6 +37,7 @@ import ollama
 
 from core.channel import (
     Button,
+    Card,
     ChannelMessage,
     ChannelTraits,
     Deliver,
@@ -244,7 +245,13 @@ class BenchReply:
             self.has_text.set()
 
     async def finish(
-        self, text: str, outcome: Outcome, note: str | None, *, tools: tuple[str, ...] = ()
+        self,
+        text: str,
+        outcome: Outcome,
+        note: str | None,
+        *,
+        tools: tuple[str, ...] = (),
+        cards: tuple[Card, ...] = (),
     ) -> None:
         self.finished_at = time.perf_counter()
         self.text, self.outcome, self.note = text, outcome, note

@@ -42,7 +42,7 @@ from rich.markdown import Markdown
 from channels.rendering import ending_mark
 from channels.settings import TerminalSettings
 from channels.terminal import printable
-from core.channel import Delivery, Frame, OnPost, Outcome
+from core.channel import Card, Delivery, Frame, OnPost, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,13 @@ class ChatReply:
         self._changed()
 
     async def finish(
-        self, text: str, outcome: Outcome, note: str | None, *, tools: tuple[str, ...] = ()
+        self,
+        text: str,
+        outcome: Outcome,
+        note: str | None,
+        *,
+        tools: tuple[str, ...] = (),
+        cards: tuple[Card, ...] = (),
     ) -> None:
         self._shown()
         self._commit_tools(tools)

@@ -56,7 +56,7 @@ from typing import Protocol
 from channels.formatting import split_message
 from channels.presses import STOP
 from channels.settings import PlatformSettings
-from core.channel import Button, Delivery, Frame, OnPost, Outcome, platform_of
+from core.channel import Button, Card, Delivery, Frame, OnPost, Outcome, platform_of
 from core.metrics import PLATFORM_API_ERRORS, PLATFORM_RATE_LIMITS
 
 logger = logging.getLogger(__name__)
@@ -238,7 +238,7 @@ class StreamingReply:
         return tuple(shown.message_id for shown in self._shown)
 
     async def update(self, frame: Frame) -> None:
-        body = _with_status(frame.text, self._status(frame))
+        body = _with_status(frame.text, status_line(frame, self._settings))
         if not body or self._lost is not None:
             return
         self._text_shows.set()
@@ -287,7 +287,13 @@ class StreamingReply:
                 return
 
     async def finish(
-        self, text: str, outcome: Outcome, note: str | None, *, tools: tuple[str, ...] = ()
+        self,
+        text: str,
+        outcome: Outcome,
+        note: str | None,
+        *,
+        tools: tuple[str, ...] = (),
+        cards: tuple[Card, ...] = (),
     ) -> None:
         """Show the final text, through rate limits for up to `final_edit_seconds`; set
         `delivery`. A platform that will not show it is logged, never raised."""
@@ -439,13 +445,6 @@ class StreamingReply:
         if self._on_post is not None:
             self._on_post(self.posted)
 
-    def _status(self, frame: Frame) -> str:
-        if frame.activity and self._settings.show_tools:
-            return frame.activity
-        if frame.thinking and self._settings.show_thinking and not frame.text:
-            return "thinking…"
-        return ""
-
     async def _keep_typing(self) -> None:
         """Until the first text shows: the platform's indicator, refreshed before it lapses.
         Ends between two requests, never during one."""
@@ -514,6 +513,15 @@ async def replace_notice(
     """Replace a notice's text (cut to one message) and take its buttons away."""
     piece = split_message(text, transport.limit, transport.measure)[0]
     await keep_trying(lambda: transport.edit(message_id, piece), seconds)
+
+
+def status_line(frame: Frame, settings: RenderSettings) -> str:
+    """What the reply is doing, in a few words ("using current_time…", "thinking…"), or ""."""
+    if frame.activity and settings.show_tools:
+        return frame.activity
+    if frame.thinking and settings.show_thinking and not frame.text:
+        return "thinking…"
+    return ""
 
 
 def final_text(text: str, outcome: Outcome, note: str | None) -> str:

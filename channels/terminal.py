@@ -27,6 +27,7 @@ from channels.rendering import ending_mark
 from channels.settings import TerminalSettings
 from core.channel import (
     Button,
+    Card,
     ChannelMessage,
     ChannelTraits,
     Deliver,
@@ -241,7 +242,13 @@ class TerminalReply:
         self._show(frame)
 
     async def finish(
-        self, text: str, outcome: Outcome, note: str | None, *, tools: tuple[str, ...] = ()
+        self,
+        text: str,
+        outcome: Outcome,
+        note: str | None,
+        *,
+        tools: tuple[str, ...] = (),
+        cards: tuple[Card, ...] = (),
     ) -> None:
         self._show(Frame(text))
         if self._section is None:

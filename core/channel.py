@@ -89,15 +89,45 @@ class Delivery(StrEnum):
 
 
 @dataclass(frozen=True)
+class Button:
+    """A button under a message. Pressing it sends `command` into the message's conversation as
+    if the presser had typed it: the same access rules, and the answer goes to the presser
+    alone. Every button's command can also be typed, so a platform without buttons loses none."""
+
+    label: str
+    command: str
+
+
+@dataclass(frozen=True)
+class Card:
+    """One piece of work a message follows (a sub-agent run), as data for a channel that can
+    show it as more than a line of its text (the web chat's live cards); the message's text
+    says the same for every other channel. `key` is what commands name it by (`a1`), `doing`
+    its current step, `buttons` what a person may do with it now (Stop it, read its
+    transcript), each a command that can also be typed."""
+
+    key: str
+    name: str
+    status: str
+    doing: str
+    seconds: float
+    model: str
+    model_calls: int
+    buttons: tuple[Button, ...] = ()
+
+
+@dataclass(frozen=True)
 class Frame:
     """The reply as it should look now: its text, the thinking under way, what it is doing (a
-    status line: "using current_time…", "loading qwen3:4b…"), and the tools it has used so far
-    this turn, in order (so a channel can show each, however fast it was)."""
+    status line: "using current_time…", "loading qwen3:4b…"), the tools it has used so far
+    this turn, in order (so a channel can show each, however fast it was), and the work it
+    follows as cards (a status message's sub-agents)."""
 
     text: str
     thinking: str = ""
     activity: str | None = None
     tools: tuple[str, ...] = ()
+    cards: tuple[Card, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,19 +141,10 @@ class ChannelTraits:
     change below the last), a status message that is edited as it goes is said once, at its end."""
 
 
-@dataclass(frozen=True)
-class Button:
-    """A button under a message. Pressing it sends `command` into the message's conversation as
-    if the presser had typed it: the same access rules, and the answer goes to the presser
-    alone. Every button's command can also be typed, so a platform without buttons loses none."""
-
-    label: str
-    command: str
-
-
 class Reply(Protocol):
     """One reply being written. `finish` is always the last call and carries the final text,
-    and every tool the turn used (a fast one may have come and gone between two frames).
+    every tool the turn used (a fast one may have come and gone between two frames), and the
+    final state of the cards its frames carried.
 
     `posted` are the platform's ids of the messages the reply has posted so far, in order (the
     turn records them, so a restart can find the reply again); `delivery` is what the platform
@@ -135,7 +156,13 @@ class Reply(Protocol):
 
     async def update(self, frame: Frame) -> None: ...
     async def finish(
-        self, text: str, outcome: Outcome, note: str | None, *, tools: tuple[str, ...] = ()
+        self,
+        text: str,
+        outcome: Outcome,
+        note: str | None,
+        *,
+        tools: tuple[str, ...] = (),
+        cards: tuple[Card, ...] = (),
     ) -> None: ...
 
 

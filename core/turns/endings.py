@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
-from core.channel import Channel, Delivery, Frame, Outcome, Reply
+from core.channel import Card, Channel, Delivery, Frame, Outcome, Reply
 from core.errors import StoreError
 from core.metrics import FIRST_POST_SECONDS, TURN_SECONDS, TURNS
 from core.turns.pump import FramePump
@@ -192,10 +192,16 @@ class SilentUnlessSaid:
             await self._reply.update(frame)
 
     async def finish(
-        self, text: str, outcome: Outcome, note: str | None, *, tools: Sequence[str] = ()
+        self,
+        text: str,
+        outcome: Outcome,
+        note: str | None,
+        *,
+        tools: Sequence[str] = (),
+        cards: tuple[Card, ...] = (),
     ) -> None:
         if outcome is Outcome.DONE and text.strip() == self._marker:
             self.silent = True
             await self._reply.finish("", Outcome.DONE, None, tools=())
             return
-        await self._reply.finish(text, outcome, note, tools=tuple(tools))
+        await self._reply.finish(text, outcome, note, tools=tuple(tools), cards=cards)

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from core.channel import Button, ChannelTraits, Deliver, Delivery, Frame, OnPost, Outcome
+from core.channel import Button, Card, ChannelTraits, Deliver, Delivery, Frame, OnPost, Outcome
 from tests.fakes.changes import Changes
 from tests.fakes.patience import deadline
 
@@ -28,6 +28,8 @@ class RecordedReply:
     note: str | None = None
     tools: tuple[str, ...] = ()
     """Every tool the turn used, as `finish` named them."""
+    cards: tuple[Card, ...] = ()
+    """The final state of the cards its frames carried, as `finish` gave it."""
     taken_up: tuple[str, ...] = ()
     """Ids of messages an earlier process posted, which this reply took up again."""
 
@@ -155,13 +157,19 @@ class _Reply:
         self._channel.changed()
 
     async def finish(
-        self, text: str, outcome: Outcome, note: str | None, *, tools: tuple[str, ...] = ()
+        self,
+        text: str,
+        outcome: Outcome,
+        note: str | None,
+        *,
+        tools: tuple[str, ...] = (),
+        cards: tuple[Card, ...] = (),
     ) -> None:
         if self._channel._hold_finish:
             self._channel.finishing.set()
             await self._channel._finish_gate.wait()
         self.recorded.text, self.recorded.outcome, self.recorded.note = text, outcome, note
-        self.recorded.tools = tools
+        self.recorded.tools, self.recorded.cards = tools, cards
         self.delivery = self._channel.shows
         if not self.posted and self.delivery is not Delivery.NOTHING:  # as a platform posts it
             self.posted = (f"{self.recorded.place}/{len(self._channel.replies)}",)

@@ -2,9 +2,12 @@
 
 While a conversation's sub-agents run, one message there shows each (name, state, elapsed),
 edited no faster than the channel allows (a `FramePump`, as a reply is), and becomes a one-line
-summary when the last one ends. A channel that cannot edit in place (`ChannelTraits.
-edits_in_place`: a pipe) gets only that summary, as a notice: each edit would print below the
-last, in the middle of the conversation's replies. It is not a record: nothing is stored before
+summary when the last one ends. Each frame also carries every run as a `Card` (its step, its
+model and model calls, a Stop button while it runs, and its transcript, `/agents <id>`), for a
+channel that shows live cards (the web chat); the summary carries their final states. A
+channel that cannot edit in place (`ChannelTraits.edits_in_place`: a pipe) gets only that
+summary, as a notice: each edit would print below the last, in the middle of the
+conversation's replies. It is not a record: nothing is stored before
 it is shown, and a failing edit is logged, never raised into a run.
 """
 
@@ -12,7 +15,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from core.channel import Channel, Frame, Outcome
+from core.channel import Button, Card, Channel, Frame, Outcome
 from core.features.subagents.runs import Run
 from core.turns.pump import FramePump
 
@@ -87,7 +90,7 @@ class _Board:
                 await self._channel.notify(self._place, summary)
                 return
             await self._pump.close()
-            await self._reply.finish(summary, Outcome.DONE, None)
+            await self._reply.finish(summary, Outcome.DONE, None, cards=self._cards())
         except Exception:
             logger.exception("the sub-agents' status message could not be finished")
 
@@ -97,7 +100,27 @@ class _Board:
             f"· {run.name} ({run.key}) · {run.doing} · {(run.ended or now) - run.started:.0f} s"
             for run in self._runs
         ]
-        return Frame("Sub-agents:\n" + "\n".join(lines))
+        return Frame("Sub-agents:\n" + "\n".join(lines), cards=self._cards())
+
+    def _cards(self) -> tuple[Card, ...]:
+        return tuple(card_of(run) for run in self._runs)
+
+
+def card_of(run: Run) -> Card:
+    """`run` as a live card: what it does now, and what a person may do with it."""
+    running = run.status == "running"
+    buttons = (Button(f"Stop {run.name}", f"/agents stop {run.key}"),) if running else ()
+    buttons += (Button(f"Transcript of {run.name}", f"/agents {run.key}"),)
+    return Card(
+        key=run.key,
+        name=run.name,
+        status=run.status,
+        doing=run.doing if running else run.status,
+        seconds=(run.ended or time.monotonic()) - run.started,
+        model=run.model,
+        model_calls=run.usage.model_calls,
+        buttons=buttons,
+    )
 
 
 async def _nothing_to_save() -> None:

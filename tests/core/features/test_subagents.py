@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from core.agent.profile import AgentProfile
-from core.channel import Outcome
+from core.channel import Button, Outcome
 from core.dispatch.recovery import Recovery, leftovers
 from core.features.subagents.runs import RoutingSettings, SubagentSettings, slug
 from core.store import RunStart, Store, TurnStart, TurnState
@@ -517,6 +517,13 @@ async def test_a_status_message_shows_the_running_sub_agents_then_sums_them_up(
 
     assert board.frames[-1].text.startswith("Sub-agents:\n· find-apples (a1) · ")
     assert board.text == "Sub-agents: find-apples done, find-pears done."
+    live = next(frame.cards for frame in board.frames if frame.cards[0].status == "running")
+    assert live[0].buttons[0] == Button("Stop find-apples", "/agents stop a1"), "a card's Stop"
+    assert [(c.key, c.status, c.model, c.model_calls) for c in board.cards] == [
+        ("a1", "done", "test-model", 1),
+        ("a2", "done", "test-model", 1),
+    ], "the summary carries the cards' final states"
+    assert board.cards[0].buttons == (Button("Transcript of find-apples", "/agents a1"),)
 
 
 async def test_a_run_has_at_most_its_profiles_model_calls_under_the_global_cap(
