@@ -276,12 +276,16 @@ class Scheduler:
         return task
 
     async def listing(self, place: str) -> list[str]:
-        lines = []
+        return [line for _, line in await self.described(place)]
+
+    async def described(self, place: str) -> list[tuple[ScheduledTask, str]]:
+        """Each task of `place`, with the line that describes it (its last run included)."""
+        described = []
         for task in await self._store.tasks(place):
             assert task.id is not None
             runs = await self._store.task_runs(task.id, 1)
-            lines.append(describe_task(task, runs[0] if runs else None))
-        return lines
+            described.append((task, describe_task(task, runs[0] if runs else None)))
+        return described
 
     async def find(self, place: str, wanted: str) -> ScheduledTask | None:
         """The task of `place` with id (`3`, `#3`) or name `wanted`."""

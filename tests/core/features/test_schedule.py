@@ -764,3 +764,19 @@ async def test_a_second_tasks_run_in_the_same_second_says_it_is_already_running(
     ]
     assert [reply.text for reply in bot.channel.replies] == ["The digest.", "The digest again."]
     assert len(await bot.store.task_runs(task.id or 0)) == 2
+
+
+async def test_the_listing_carries_each_tasks_next_steps_as_buttons(make_bot: BotFactory) -> None:
+    clock = Clock(utc(2026, 12, 1, 6))
+    bot, scheduler = scheduled(make_bot, clock)
+    digest = await scheduler.create(ANN, "assistant", "digest", When("0 8 * * *"))
+    await bot.send("/tasks")
+    assert [(b.label, b.command) for b in bot.channel.buttons[-1]] == [
+        (f"Pause #{digest.id} digest", f"/tasks pause {digest.id}"),
+        (f"Run #{digest.id} digest now", f"/tasks run {digest.id}"),
+    ]
+
+    await bot.send(bot.channel.buttons[-1][0].command)  # the Pause button, as pressed
+    assert not (await task_row(bot.store, digest.id)).enabled
+    await bot.send("/tasks")
+    assert bot.channel.buttons[-1][0].command == f"/tasks resume {digest.id}"
