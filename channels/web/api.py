@@ -24,7 +24,9 @@ the JSON body or the query string:
   Its answer is for the presser alone, as a platform's private answer is
   (`channels.presses`): it comes back in the response (`answer`: text, html and buttons), for
   the page that pressed to show apart from the conversation, never as a bubble everyone sees.
-- `GET /api/events`: Server-Sent Events, resumed by `Last-Event-ID` (`channels.web.board`).
+- `GET /api/events?conversation=`: Server-Sent Events of the person's list and of the
+  conversation the page has open (none: the list alone), resumed by `Last-Event-ID`
+  (`channels.web.board`); a page that opens another conversation opens another stream.
 
 Server-Sent Events rather than a WebSocket: the stream only goes one way (what the person does
 is a POST, which a CSRF-safe check covers like any other), the browser's `EventSource`
@@ -50,7 +52,8 @@ from aiohttp import web
 from channels.places import WebPlace
 from channels.presses import Press, pressing
 from channels.web import markup, security
-from channels.web.board import Board, Entry, Event, Picture
+from channels.web.board import Board, Entry, Picture
+from channels.web.streams import Event
 from core.channel import Button, ChannelMessage, Deliver
 from core.errors import StoreError
 
@@ -302,14 +305,18 @@ class WebApi:
         if person is None:
             return _unsigned()
         last = _number(request.headers.get("Last-Event-ID") or request.query.get("last"))
+        conversation = request.query.get("conversation") or None
+        if conversation is not None and not self._owns(person, conversation):
+            return _missing()
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
         )
         security.with_headers(response, page=True)
         await response.prepare(request)
-        with self._board.subscribe(person) as live, contextlib.suppress(ConnectionResetError):
+        following = self._board.streams.subscribe(person, conversation)
+        with following as live, contextlib.suppress(ConnectionResetError):
             sent = last
-            for event in self._board.since(person, last):
+            for event in self._board.since(person, last, conversation):
                 sent = await _send(response, event, sent)
             while (event := await _next(live, response)) is not None:
                 sent = await _send(response, event, sent)

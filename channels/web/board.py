@@ -14,29 +14,37 @@ a difference, so a page upserts by the bubble's id and an event seen twice chang
 A page's stream (`channels.web.api`) resumes from the last number it saw (`since`): the latest
 state of each bubble changed after it, in order, then what changes next (`subscribe`).
 
+A stream follows one conversation, the one its page has open, and the person's list
+(`channels.web.streams`): it carries that conversation's bubbles and activity, and every
+conversation's list entry, which changes only when the list would show it differently (a new
+bubble moves it to the top, a reply starts or stops being written, its title), so an edit of a
+reply is one event for the pages that show it, not one for every tab.
+
+What a reply is doing (its status line, the model's thinking) is the conversation's
+`activity`, kept beside its bubbles rather than in a bubble's text: it changes without the text
+changing, and it exists before the reply's first word. It is only ever true of a running reply,
+so a board opened by a new process clears what a dead one left. A bubble may carry `cards`
+(`core.channel.Card`: a status message's sub-agents), shown by the page as live cards.
+
 Writes are a row each on the event loop: SQLite in WAL mode with `synchronous=NORMAL` commits
 in some tens of microseconds without waiting for the disk, and a reply changes its bubble a few
 times a second at most. Readers (pages) never block the writer.
 """
 
-import asyncio
 import json
 import secrets
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from core.channel import Button
+from channels.web.streams import Event, Streams
+from core.channel import Button, Card
 
 TITLE_CHARS = 60
 UNTITLED = "New conversation"
-STREAM_BACKLOG = 1000
-"""Events a page's stream may fall behind by; past it the stream ends and the page, reconnecting
-with the last number it saw, reads the rest from the board."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -57,6 +65,15 @@ CREATE INDEX IF NOT EXISTS bubbles_by_seq ON bubbles (seq);
 CREATE INDEX IF NOT EXISTS bubbles_by_conversation ON bubbles (conversation, at);
 CREATE INDEX IF NOT EXISTS conversations_by_person ON conversations (person, updated);
 """
+MIGRATIONS = (
+    """
+    ALTER TABLE bubbles ADD COLUMN cards TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE conversations ADD COLUMN status TEXT NOT NULL DEFAULT '';
+    ALTER TABLE conversations ADD COLUMN thinking TEXT NOT NULL DEFAULT '';
+    ALTER TABLE conversations ADD COLUMN activity_seq INTEGER NOT NULL DEFAULT 0;
+    """,
+)
+"""What a board of each earlier version (`PRAGMA user_version`, the index here) lacks."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +91,7 @@ class Bubble:
     seq: int = 0
     images: tuple[str, ...] = ()
     """The ids of the pictures a person's message came with (`Board.image`)."""
+    cards: tuple[Card, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,8 +114,15 @@ class Picture:
     data: bytes
 
 
-Event = tuple[str, int, dict[str, Any]]
-"""What a page's stream carries: its kind (`bubble`, `conversation`), its number, its data."""
+@dataclass(frozen=True)
+class Activity:
+    """What the reply being written in a conversation is doing: its status line and the
+    model's thinking so far (both empty when no reply is being written)."""
+
+    conversation: str
+    status: str = ""
+    thinking: str = ""
+    seq: int = 0
 
 
 class UnknownBubble(KeyError):
@@ -112,21 +137,33 @@ class Board:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._migrate()
         self._seq = max(
             self._db.execute("SELECT coalesce(max(seq), 0) FROM bubbles").fetchone()[0],
-            self._db.execute("SELECT coalesce(max(seq), 0) FROM conversations").fetchone()[0],
+            self._db.execute(
+                "SELECT coalesce(max(max(seq, activity_seq)), 0) FROM conversations"
+            ).fetchone()[0],
         )
-        self._streams: dict[str, set[asyncio.Queue[Event | None]]] = {}
+        self.streams = Streams()
+        """The open pages' streams, told each change once it is stored."""
+        self._clear_activity()
 
-    def end_streams(self) -> None:
-        """Tell every page's stream to end (Kaiwa is stopping: a page reconnects by itself
-        once it is back, from the last number it saw)."""
-        for streams in self._streams.values():
-            for stream in streams:
-                _end(stream)
+    def _migrate(self) -> None:
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        for number, migration in enumerate(MIGRATIONS[version:], start=version + 1):
+            self._db.executescript(f"BEGIN; {migration} PRAGMA user_version = {number}; COMMIT;")
+
+    def _clear_activity(self) -> None:
+        """No reply is being written when a board opens: what a dead process left is cleared,
+        by a change a page that reconnects is told."""
+        left = self._db.execute(
+            "SELECT id FROM conversations WHERE status != '' OR thinking != ''"
+        ).fetchall()
+        for (conversation,) in left:
+            self.set_activity(conversation, "", "")
 
     def close(self) -> None:
-        self.end_streams()
+        self.streams.end()
         self._db.close()
 
     # -- conversations ---------------------------------------------------------------------------
@@ -135,10 +172,11 @@ class Board:
         now = _now()
         entry = Entry(secrets.token_hex(6), person, UNTITLED, now, self._next())
         self._db.execute(
-            "INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO conversations (id, person, title, created, updated, seq) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
             (entry.id, person, entry.title, now, now, entry.seq),
         )
-        self._publish(person, _entry_event(entry))
+        self.streams.publish(person, _entry_event(entry))
         return entry
 
     def entry(self, conversation: str) -> Entry | None:
@@ -182,7 +220,7 @@ class Board:
         def write(seq: int) -> Bubble:
             written = replace(bubble, seq=seq)
             self._db.execute(
-                "INSERT INTO bubbles VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", _bubble_row(written)
+                "INSERT INTO bubbles VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _bubble_row(written)
             )
             self._db.executemany(
                 "INSERT INTO images VALUES (?, ?, ?, ?)",
@@ -198,7 +236,7 @@ class Board:
                 )
             return written
 
-        return self._change(entry.person, conversation, write)
+        return self._change(entry.person, conversation, write, moved=True)
 
     def edit(
         self,
@@ -209,23 +247,39 @@ class Board:
         streaming: bool = False,
         deleted: bool = False,
     ) -> Bubble:
-        old = self.bubble(bubble_id)
-        if old is None:
-            raise UnknownBubble(bubble_id)
-        entry = self.entry(old.conversation)
-        assert entry is not None
+        old = self._known(bubble_id)
+        new = replace(old, text=text, buttons=buttons, streaming=streaming, deleted=deleted)
+        return self._rewrite(new, moved=False)
 
-        def write(seq: int) -> Bubble:
-            self._db.execute(
-                "UPDATE bubbles SET text = ?, buttons = ?, streaming = ?, deleted = ?, seq = ? "
-                "WHERE id = ?",
-                (text, _buttons_json(buttons), streaming, deleted, seq, bubble_id),
-            )
-            return replace(
-                old, text=text, buttons=buttons, streaming=streaming, deleted=deleted, seq=seq
-            )
+    def set_cards(self, bubble_id: str, cards: tuple[Card, ...]) -> Bubble:
+        """The cards `bubble_id` shows (a status message's sub-agents), unless they are so."""
+        old = self._known(bubble_id)
+        return old if old.cards == cards else self._rewrite(replace(old, cards=cards))
 
-        return self._change(entry.person, old.conversation, write)
+    def activity(self, conversation: str) -> Activity:
+        found = self._db.execute(
+            "SELECT status, thinking, activity_seq FROM conversations WHERE id = ?",
+            (conversation,),
+        ).fetchone()
+        return Activity(conversation, *found) if found else Activity(conversation)
+
+    def set_activity(self, conversation: str, status: str, thinking: str) -> None:
+        """What the reply being written in `conversation` is doing ("", "" once it is done);
+        nothing changes if it is so already."""
+        old = self.activity(conversation)
+        if (old.status, old.thinking) == (status, thinking):
+            return
+        entry = self.entry(conversation)
+        if entry is None:
+            return
+        activity = Activity(conversation, status, thinking, self._next())
+        self._db.execute(
+            "UPDATE conversations SET status = ?, thinking = ?, activity_seq = ? WHERE id = ?",
+            (status, thinking, activity.seq, conversation),
+        )
+        self.streams.publish(entry.person, _activity_event(activity), conversation)
+        if bool(old.status) != bool(status):  # its list entry starts or stops showing it
+            self._entry_changed(entry.person, conversation, moved=False)
 
     def bubble(self, bubble_id: str) -> Bubble | None:
         found = self._db.execute("SELECT * FROM bubbles WHERE id = ?", (bubble_id,)).fetchone()
@@ -249,31 +303,23 @@ class Board:
 
     # -- streams ---------------------------------------------------------------------------------
 
-    def since(self, person: str, seq: int) -> list[Event]:
-        """Every change of `person`'s conversations after `seq`: each bubble's and each list
-        entry's latest state, in the order they last changed."""
+    def since(self, person: str, seq: int, conversation: str | None = None) -> list[Event]:
+        """What changed after `seq` for a stream following `conversation` (one of `person`'s)
+        and `person`'s list: the latest state of each list entry, and of the conversation's
+        bubbles and activity, in the order they last changed."""
         entries = self._db.execute(
             "SELECT * FROM conversations WHERE person = ? AND seq > ?", (person, seq)
         )
-        bubbles = self._db.execute(
-            "SELECT bubbles.* FROM bubbles JOIN conversations ON conversations.id = conversation "
-            "WHERE person = ? AND bubbles.seq > ?",
-            (person, seq),
-        )
         events = [_entry_event(self._entry(row)) for row in entries]
-        events += [_bubble_event(self._bubble(row)) for row in bubbles]
+        if conversation is not None:
+            bubbles = self._db.execute(
+                "SELECT * FROM bubbles WHERE conversation = ? AND seq > ?", (conversation, seq)
+            )
+            events += [_bubble_event(self._bubble(row)) for row in bubbles]
+            activity = self.activity(conversation)
+            if activity.seq > seq:
+                events.append(_activity_event(activity))
         return sorted(events, key=lambda event: event[1])
-
-    @contextmanager
-    def subscribe(self, person: str) -> Iterator["asyncio.Queue[Event | None]"]:
-        """A queue of `person`'s changes from now on; None in it means the stream fell too far
-        behind and must end (the page catches up from `since`)."""
-        stream: asyncio.Queue[Event | None] = asyncio.Queue(STREAM_BACKLOG)
-        self._streams.setdefault(person, set()).add(stream)
-        try:
-            yield stream
-        finally:
-            self._streams[person].discard(stream)
 
     @property
     def latest(self) -> int:
@@ -281,28 +327,94 @@ class Board:
 
     # -- inside ----------------------------------------------------------------------------------
 
-    def _change(self, person: str, conversation: str, write: Callable[[int], Bubble]) -> Bubble:
+    def _known(self, bubble_id: str) -> Bubble:
+        bubble = self.bubble(bubble_id)
+        if bubble is None:
+            raise UnknownBubble(bubble_id)
+        return bubble
+
+    def _rewrite(self, bubble: Bubble, *, moved: bool = False) -> Bubble:
+        """`bubble`'s new state in place of its old one."""
+        person = self._person_of(bubble.conversation)
+
+        def write(seq: int) -> Bubble:
+            written = replace(bubble, seq=seq)
+            self._db.execute(
+                "UPDATE bubbles SET text = ?, buttons = ?, streaming = ?, deleted = ?, seq = ?, "
+                "cards = ? WHERE id = ?",
+                (
+                    written.text,
+                    _buttons_json(written.buttons),
+                    written.streaming,
+                    written.deleted,
+                    seq,
+                    _cards_json(written.cards),
+                    written.id,
+                ),
+            )
+            return written
+
+        return self._change(person, bubble.conversation, write, moved=moved)
+
+    def _change(
+        self, person: str, conversation: str, write: Callable[[int], Bubble], *, moved: bool
+    ) -> Bubble:
         """One change of a bubble in `conversation` (`write`, given the change's number, returns
-        the bubble as written), in one transaction with its list entry's (updated, writing);
-        both published once stored."""
+        the bubble as written), in one transaction with its list entry's where the list shows
+        it differently (`moved`: a new bubble takes it to the top; a reply starts or stops
+        being written); published once stored."""
+        writing = self._writing(conversation)
         seq = self._next()
         self._db.execute("BEGIN")
         try:
             bubble = write(seq)
-            entry_seq = self._next()
-            self._db.execute(
-                "UPDATE conversations SET updated = ?, seq = ? WHERE id = ?",
-                (_now(), entry_seq, conversation),
-            )
+            entry_changed = moved or self._writing(conversation) != writing
+            if entry_changed:
+                self._touch(conversation, moved=moved)
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
-        self._publish(person, _bubble_event(bubble))
+        self.streams.publish(person, _bubble_event(bubble), conversation)
+        if entry_changed:
+            self._publish_entry(person, conversation)
+        return bubble
+
+    def _entry_changed(self, person: str, conversation: str, *, moved: bool) -> None:
+        self._touch(conversation, moved=moved)
+        self._publish_entry(person, conversation)
+
+    def _touch(self, conversation: str, *, moved: bool) -> None:
+        """A new number for the conversation's list entry (and, `moved`, a new time)."""
+        if moved:
+            self._db.execute(
+                "UPDATE conversations SET updated = ?, seq = ? WHERE id = ?",
+                (_now(), self._next(), conversation),
+            )
+        else:
+            self._db.execute(
+                "UPDATE conversations SET seq = ? WHERE id = ?", (self._next(), conversation)
+            )
+
+    def _publish_entry(self, person: str, conversation: str) -> None:
         entry = self.entry(conversation)
         assert entry is not None
-        self._publish(person, _entry_event(entry))
-        return bubble
+        self.streams.publish(person, _entry_event(entry))
+
+    def _person_of(self, conversation: str) -> str:
+        entry = self.entry(conversation)
+        if entry is None:
+            raise UnknownBubble(conversation)
+        return entry.person
+
+    def _writing(self, conversation: str) -> bool:
+        """Whether a reply is being written there: a bubble still streaming, or an activity."""
+        found = self._db.execute(
+            "SELECT status != '' OR EXISTS (SELECT 1 FROM bubbles WHERE conversation = ? AND "
+            "streaming AND NOT deleted) FROM conversations WHERE id = ?",
+            (conversation, conversation),
+        ).fetchone()
+        return bool(found and found[0])
 
     def _bubble(self, row: sqlite3.Row) -> Bubble:
         images = self._db.execute(
@@ -311,32 +423,12 @@ class Board:
         return replace(_bubble(row), images=tuple(image for (image,) in images))
 
     def _entry(self, row: sqlite3.Row) -> Entry:
-        writing = self._db.execute(
-            "SELECT 1 FROM bubbles WHERE conversation = ? AND streaming AND NOT deleted LIMIT 1",
-            (row["id"],),
-        ).fetchone()
-        return Entry(
-            row["id"], row["person"], row["title"], row["updated"], row["seq"], bool(writing)
-        )
+        writing = self._writing(row["id"])
+        return Entry(row["id"], row["person"], row["title"], row["updated"], row["seq"], writing)
 
     def _next(self) -> int:
         self._seq += 1
         return self._seq
-
-    def _publish(self, person: str, event: Event) -> None:
-        for stream in list(self._streams.get(person, ())):
-            if stream.full():
-                self._streams[person].discard(stream)
-                _end(stream)
-            else:
-                stream.put_nowait(event)
-
-
-def _end(stream: "asyncio.Queue[Event | None]") -> None:
-    """Tell a stream to end, even a full one."""
-    while stream.full():
-        stream.get_nowait()
-    stream.put_nowait(None)
 
 
 def _now() -> str:
@@ -345,6 +437,15 @@ def _now() -> str:
 
 def _buttons_json(buttons: tuple[Button, ...]) -> str:
     return json.dumps([asdict(button) for button in buttons])
+
+
+def _cards_json(cards: tuple[Card, ...]) -> str:
+    return json.dumps([asdict(card) for card in cards])
+
+
+def _card(data: dict[str, Any]) -> Card:
+    buttons = tuple(Button(**each) for each in data.pop("buttons", ()))
+    return Card(**data, buttons=buttons)
 
 
 def _bubble_row(bubble: Bubble) -> tuple[Any, ...]:
@@ -358,6 +459,7 @@ def _bubble_row(bubble: Bubble) -> tuple[Any, ...]:
         bubble.deleted,
         bubble.at,
         bubble.seq,
+        _cards_json(bubble.cards),
     )
 
 
@@ -373,6 +475,7 @@ def _bubble(row: sqlite3.Row) -> Bubble:
         bool(row["deleted"]),
         row["at"],
         row["seq"],
+        cards=tuple(_card(each) for each in json.loads(row["cards"])),
     )
 
 
@@ -380,6 +483,10 @@ def _bubble_event(bubble: Bubble) -> Event:
     data = asdict(bubble)
     data["buttons"] = [asdict(button) for button in bubble.buttons]
     return ("bubble", bubble.seq, data)
+
+
+def _activity_event(activity: Activity) -> Event:
+    return ("activity", activity.seq, asdict(activity))
 
 
 def _entry_event(entry: Entry) -> Event:

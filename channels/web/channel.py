@@ -4,8 +4,10 @@
 address (`channels.http_server`), keeps every bubble on its board (`channels.web.board`), and
 writes replies through the same `channels.rendering.StreamingReply` as the platforms, over
 `WebTransport`: a post, then edits at `[channels.web].edit_interval`, the Stop button under a
-reply being written. A press of a button, or a message typed, reaches the dispatcher as a
-`ChannelMessage` from the person signed in; commands are the same as everywhere.
+reply being written; `channels.web.reply` shows beside the words what a platform folds into
+them (the status line, the thinking, sub-agents' cards). A press of a button, or a message
+typed, reaches the dispatcher as a `ChannelMessage` from the person signed in; commands are the
+same as everywhere, and a press's answer is the presser's alone, as on the platforms.
 
 The process owns the work, not the page: a reply goes on when its tab closes, is on the board
 when a page opens again, and every open page of the person (two tabs, two browsers) sees each
@@ -24,16 +26,12 @@ from pathlib import Path
 from channels.connection import ConnectionState
 from channels.places import WebPlace
 from channels.presses import answered_privately
-from channels.rendering import (
-    RenderSettings,
-    StreamingReply,
-    replace_notice,
-    send_notice,
-)
+from channels.rendering import RenderSettings, replace_notice, send_notice
 from channels.settings import WebSettings
 from channels.web import security
 from channels.web.api import WebApi
 from channels.web.board import Board
+from channels.web.reply import WebReply
 from channels.web.transport import WebTransport
 from core.channel import Button, ChannelTraits, Deliver, OnPost, Reply
 from core.errors import ChannelError
@@ -101,7 +99,7 @@ class WebChannel(ConnectionState):
 
     async def stop_receiving(self) -> None:
         self._stopping.set()
-        self.board.end_streams()  # an open page must not hold the server open
+        self.board.streams.end()  # an open page must not hold the server open
 
     async def open_for_sending(self) -> None:
         self.now_connected()
@@ -117,8 +115,8 @@ class WebChannel(ConnectionState):
         *,
         on_post: OnPost | None = None,
     ) -> Reply:
-        transport = WebTransport(self.board, WebPlace.of(place).conversation)
-        return StreamingReply(transport, self._render, place, posted, on_post)
+        conversation = WebPlace.of(place).conversation
+        return WebReply(self.board, conversation, self._render, place, posted, on_post)
 
     async def notify(
         self, place: str, text: str, buttons: Sequence[Button] = ()

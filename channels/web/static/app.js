@@ -9,9 +9,15 @@
 //   before.
 // - The server sanitizes Markdown into `html`; that is the only HTML the page ever sets. Every
 //   other text it shows (titles, labels, errors) goes through textContent.
-// - One EventSource for the whole page and all conversations: switching conversation only
-//   re-renders from memory. EventSource reconnects by itself with Last-Event-ID; when the
-//   browser gives up on it (an HTTP error), the page opens a new one with `?last=<seq>`.
+// - One EventSource at a time, following the open conversation (its bubbles and activity) and
+//   the whole list: opening another conversation opens another stream, resumed from the last
+//   event the page saw while that conversation was open, so a conversation left and come back
+//   to gets only what changed meanwhile, and a reply written elsewhere goes on (the list marks
+//   it). EventSource reconnects by itself with Last-Event-ID; when the browser gives up on it
+//   (an HTTP error), the page opens a new one with `?last=<seq>`.
+// - What a reply is doing (`activity`: its status line, the model's thinking) shows under the
+//   conversation, the thinking folded away; a bubble's `cards` (a status message's sub-agents)
+//   show as live cards, updated in place so a half-typed "Tell" keeps its words.
 // - A message carries a client_id made once, so a retry after a network failure is the same
 //   message to the server (never answered twice); messages leave one at a time, in order.
 // - The CSP forbids inline script and style: no HTML strings, no style attributes.
@@ -49,6 +55,8 @@
     answer: element("answer"),
     answerTitle: element("answer-title"),
     closeAnswer: element("close-answer"),
+    status: element("status"),
+    thinking: element("thinking"),
   };
 
   const state = {
@@ -57,7 +65,8 @@
     open: null, // the id of the conversation on screen
     shown: new Map(), // bubble id → its element, for the open conversation
     items: new Map(), // conversation id → its list item
-    lastSeq: null, // the highest event id seen, for a stream opened anew
+    seenIn: new Map(), // conversation id ("" for none) → the last event id its stream saw
+    activity: new Map(), // conversation id → {status, thinking, seq}
     attached: [], // pictures for the next message: {name, data (base64), preview (blob: URL)}
   };
 
@@ -271,6 +280,105 @@
     }
     article.classList.toggle("streaming", Boolean(bubble.streaming));
     article.setAttribute("aria-busy", bubble.streaming ? "true" : "false");
+    showCards(article, bubble);
+  }
+
+  // ---- sub-agents' live cards ----
+
+  function showCards(article, bubble) {
+    const cards = bubble.cards ?? [];
+    article.classList.toggle("with-cards", cards.length > 0);
+    let list = article.querySelector(".cards");
+    if (!cards.length) {
+      list?.remove();
+      return;
+    }
+    if (!list) {
+      list = document.createElement("div");
+      list.className = "cards";
+      article.querySelector(".body").after(list);
+    }
+    const kept = new Map([...list.children].map((card) => [card.dataset.key, card]));
+    const shown = cards.map((card) => {
+      const element = kept.get(card.key) ?? cardElement(bubble.conversation, card);
+      fillCard(element, bubble.conversation, card);
+      return element;
+    });
+    shown.forEach((element, index) => {
+      if (list.children[index] !== element) {
+        list.insertBefore(element, list.children[index] ?? null);
+      }
+    });
+    while (list.children.length > shown.length) {
+      list.lastElementChild.remove();
+    }
+  }
+
+  function cardElement(conversation, card) {
+    const element = document.createElement("section");
+    element.className = "card";
+    element.dataset.key = card.key;
+    element.setAttribute("aria-label", `Sub-agent ${card.name}`);
+    const name = document.createElement("h3");
+    const figures = document.createElement("p");
+    figures.className = "figures";
+    const controls = document.createElement("div");
+    controls.className = "controls";
+    const tell = document.createElement("form");
+    const words = document.createElement("input");
+    words.type = "text";
+    words.setAttribute("aria-label", `Tell ${card.name}`);
+    words.placeholder = `Tell ${card.name} something…`;
+    const send = document.createElement("button");
+    send.type = "submit";
+    say(send, "Tell");
+    tell.append(words, send);
+    tell.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const text = words.value.trim();
+      if (text && (await press(send, conversation, `Tell ${card.name}`, `/agents tell ${card.key} ${text}`))) {
+        words.value = "";
+      }
+    });
+    element.append(name, figures, controls, tell);
+    return element;
+  }
+
+  function fillCard(element, conversation, card) {
+    say(element.querySelector("h3"), `${card.name} (${card.key})`);
+    const calls = `${card.model_calls} model call${card.model_calls === 1 ? "" : "s"}`;
+    const seconds = `${Math.round(card.seconds)} s`;
+    const step = card.status === "running" ? card.doing : card.status;
+    say(element.querySelector(".figures"), [step, seconds, card.model, calls].filter(Boolean).join(" · "));
+    const buttons = JSON.stringify(card.buttons ?? []);
+    if (element.dataset.buttons !== buttons) {
+      element.dataset.buttons = buttons;
+      element.querySelector(".controls").replaceChildren(
+        ...(card.buttons ?? []).map((button) => pressable(conversation, button)),
+      );
+    }
+    element.querySelector("form").hidden = card.status !== "running";
+  }
+
+  // ---- what the reply being written is doing ----
+
+  function noteActivity(activity) {
+    const known = state.activity.get(activity.conversation);
+    if (known && (known.seq ?? 0) >= (activity.seq ?? 0)) {
+      return;
+    }
+    state.activity.set(activity.conversation, activity);
+    if (activity.conversation === state.open) {
+      keepingTheBottom(renderActivity);
+    }
+  }
+
+  function renderActivity() {
+    const activity = (state.open && state.activity.get(state.open)) || {};
+    const status = activity.status ?? "";
+    say(ui.status, status ? `Kaiwa: ${status}` : "");
+    ui.thinking.hidden = !activity.thinking;
+    say(ui.thinking.querySelector(".text"), activity.thinking ?? "");
   }
 
   function show(bubble) {
@@ -313,8 +421,10 @@
       if (answer) {
         showAnswer(conversation, label, answer);
       }
+      return true;
     } catch (error) {
       say(ui.problem, `“${label}” did not reach Kaiwa: ${error instanceof Refused ? error.message : "no connection."}`);
+      return false;
     } finally {
       button.disabled = false;
     }
@@ -355,8 +465,10 @@
       ui.log.append(article);
       fill(article, bubble);
     }
+    renderActivity();
     ui.log.scrollTop = ui.log.scrollHeight;
     renderList();
+    follow();
   }
 
   function conversationInAddress() {
@@ -492,13 +604,15 @@
 
   // ---- the event stream ----
 
+  let source = null;
   let reconnecting = false;
   let reopenWait = RETRY_FIRST_MS;
 
-  function seen(event) {
+  function seen(following, event) {
     const seq = Number(event.lastEventId);
-    if (event.lastEventId !== "" && Number.isFinite(seq) && (state.lastSeq === null || seq > state.lastSeq)) {
-      state.lastSeq = seq;
+    const last = state.seenIn.get(following);
+    if (event.lastEventId !== "" && Number.isFinite(seq) && (last === undefined || seq > last)) {
+      state.seenIn.set(following, seq);
     }
   }
 
@@ -511,9 +625,29 @@
     }
   }
 
+  function follow() {
+    // the stream of the open conversation (or of the list alone), instead of the one before
+    if (source && source.following === (state.open ?? "")) {
+      return;
+    }
+    source?.close();
+    connect();
+  }
+
   function connect() {
-    const source = new EventSource(state.lastSeq === null ? "/api/events" : `/api/events?last=${state.lastSeq}`);
-    source.addEventListener("open", () => {
+    const following = state.open ?? "";
+    const query = new URLSearchParams();
+    if (following) {
+      query.set("conversation", following);
+    }
+    if (state.seenIn.has(following)) {
+      query.set("last", state.seenIn.get(following));
+    }
+    const opened = new EventSource(`/api/events${query.size ? `?${query}` : ""}`);
+    opened.following = following;
+    source = opened;
+    const current = () => source === opened;
+    opened.addEventListener("open", () => {
       reopenWait = RETRY_FIRST_MS;
       if (reconnecting) {
         reconnecting = false;
@@ -521,27 +655,34 @@
         loadConversations(); // the list as it is now, whatever the stream replays
       }
     });
-    source.addEventListener("error", () => {
+    opened.addEventListener("error", () => {
+      if (!current()) {
+        return;
+      }
       reconnecting = true;
       say(ui.connection, "Reconnecting…");
-      if (source.readyState === EventSource.CLOSED) {
+      if (opened.readyState === EventSource.CLOSED) {
         // the browser gave up (an HTTP error): open a new stream from the last event seen
         loadConversations(); // shows "Signed out" when that is why
-        setTimeout(connect, reopenWait);
+        setTimeout(() => current() && connect(), reopenWait);
         reopenWait = Math.min(reopenWait * 2, RETRY_MOST_MS);
       }
     });
-    source.addEventListener("bubble", (event) => {
-      seen(event);
-      const bubble = parsed(event);
-      if (bubble && bubble.id && bubble.conversation) {
-        upsert(bubble);
-      }
-    });
-    source.addEventListener("conversation", (event) => {
-      seen(event);
-      const conversation = parsed(event);
-      if (conversation && conversation.id) {
+    const on = (kind, take) =>
+      opened.addEventListener(kind, (event) => {
+        if (!current()) {
+          return;
+        }
+        seen(following, event);
+        const data = parsed(event);
+        if (data) {
+          take(data);
+        }
+      });
+    on("bubble", (bubble) => bubble.id && bubble.conversation && upsert(bubble));
+    on("activity", (activity) => activity.conversation && noteActivity(activity));
+    on("conversation", (conversation) => {
+      if (conversation.id) {
         remember(conversation);
         renderList();
       }
@@ -603,10 +744,11 @@
     }
   });
 
-  connect();
   const fromAddress = conversationInAddress();
   if (fromAddress) {
     openConversation(fromAddress);
+  } else {
+    follow();
   }
   loadConversations().then(() => {
     if (!state.open && state.conversations.size) {

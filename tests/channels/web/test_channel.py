@@ -50,12 +50,16 @@ class WebClient:
         body = {"conversation": conversation, "text": text, "client_id": client_id}
         return (await self.post("/api/messages", body)).status
 
-    async def events(self, last: int | None = None) -> AsyncIterator[tuple[int, str, Any]]:
-        """The stream, as `EventSource` reads it: (id, kind, data) each."""
+    async def events(
+        self, conversation: str | None = None, last: int | None = None
+    ) -> AsyncIterator[tuple[int, str, Any]]:
+        """The stream following `conversation`, as `EventSource` reads it: (id, kind, data)
+        each."""
         headers = {"Last-Event-ID": str(last)} if last is not None else {}
+        query = {"conversation": conversation} if conversation else {}
         timeout = aiohttp.ClientTimeout(total=None, sock_read=deadline())
         async with self.session.get(
-            self.url + "/api/events", headers=headers, timeout=timeout
+            self.url + "/api/events", params=query, headers=headers, timeout=timeout
         ) as stream:
             assert stream.status == 200, await stream.text()
             fields: dict[str, str] = {}
@@ -114,7 +118,7 @@ async def test_a_message_is_answered_in_a_streaming_bubble_that_ends_without_sto
     bot, _ = web
     bot.ollama.script(Text("Sunny"), Pause("mid"), Text(" all day."))
     conversation = await client.new_conversation()
-    stream = client.events()
+    stream = client.events(conversation)
     assert await client.say(conversation, "What is the weather?", "c1") == 202
 
     await client.until(stream, lambda: ("kaiwa", "Sunny", True) in client.bubbles(conversation))
@@ -154,7 +158,7 @@ async def test_a_stream_resumed_after_a_drop_shows_every_bubble_once_and_goes_on
     bot, _ = web
     bot.ollama.script(Text("Half"), Pause("mid"), Text(" and whole."))
     conversation = await client.new_conversation()
-    stream = client.events()
+    stream = client.events(conversation)
     await client.say(conversation, "go", "c1")
     await client.until(stream, lambda: ("kaiwa", "Half", True) in client.bubbles(conversation))
     last = max(b["seq"] for b in client.seen.values())
@@ -162,7 +166,7 @@ async def test_a_stream_resumed_after_a_drop_shows_every_bubble_once_and_goes_on
 
     bot.ollama.release("mid")
     await bot.runner.wait_idle(f"web:operator:{conversation}")
-    resumed = client.events(last)
+    resumed = client.events(conversation, last)
     await client.until(
         resumed,
         lambda: ("kaiwa", "Half and whole.", False) in client.bubbles(conversation),
@@ -180,7 +184,7 @@ async def test_stop_pressed_keeps_the_partial_marked_stopped(
     bot, channel = web
     bot.ollama.script(Text("Half an answer"), Pause("forever"), Text(" never"))
     conversation = await client.new_conversation()
-    stream = client.events()
+    stream = client.events(conversation)
     await client.say(conversation, "talk", "c1")
     await client.until(
         stream, lambda: ("kaiwa", "Half an answer", True) in client.bubbles(conversation)
@@ -213,7 +217,7 @@ async def test_a_reply_with_markup_and_script_shows_as_text(
     conversation = await client.new_conversation()
     await client.say(conversation, "hi", "c1")
     await bot.runner.wait_idle(f"web:operator:{conversation}")
-    stream = client.events()
+    stream = client.events(conversation)
     await client.until(stream, lambda: any(b["role"] == "kaiwa" for b in client.seen.values()))
 
     (reply,) = [b for b in client.seen.values() if b["role"] == "kaiwa"]

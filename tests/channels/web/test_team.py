@@ -86,6 +86,9 @@ async def test_the_proxys_header_signs_ann_in_and_her_conversations_are_hers(tea
         assert await ann.say(his, "let me in", "a2") == 404
         pressed = await ann.post("/api/press", {"conversation": his, "command": "/stop"})
         assert pressed.status == 404
+        query = {"conversation": his}
+        async with ann.session.get(ann.url + "/api/events", params=query) as answer:
+            assert answer.status == 404, "his conversation's stream is not hers to follow"
         async with ann.session.get(ann.url + "/api/conversations") as answer:
             assert [each["id"] for each in (await answer.json())["conversations"]] == [hers]
         async with bob.session.get(bob.url + "/api/conversations") as answer:
@@ -115,7 +118,7 @@ async def test_a_stranger_the_proxy_names_is_refused_the_page_and_by_the_dispatc
 
         conversation = await mallory.new_conversation()
         assert await mallory.say(conversation, "hello?", "m1") == 202
-        stream = mallory.events()
+        stream = mallory.events(conversation)
         refusal = (
             "Sorry, mallory<b>, you are not allowed to use this bot. Ask its operator to add your "
             "user id mallory<b> to [channels.web].allowed_users."
