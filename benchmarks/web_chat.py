@@ -14,7 +14,8 @@ proxy: a request from 127.0.0.1 naming someone in that header is that person
 model with the stream `platform_burst.py` uses (20 chunks, no delay). Kaiwa's stdin is a pipe
 that stays open, so the terminal channel, on by default, waits on it; closing it stops Kaiwa.
 Every client is an aiohttp session with a cookie jar of its own, a conversation of its own and
-an open `GET /api/events` stream; a client picks its own conversation's bubbles out of it.
+an open `GET /api/events?conversation=<its own>` stream, as a page with that conversation open
+has.
 
 1. **Burst**: one warm-up message first, then the N messages posted at once (`POST
    /api/messages`), in two ways, each on a fresh Kaiwa:
@@ -22,22 +23,22 @@ an open `GET /api/events` stream; a client picks its own conversation's bubbles 
      requests; a person's stream carries only their own conversation's changes.
    - "web, 1 operator, N tabs": every client signed in by a one-time link of its own
      (`channels.web.security.Links` on Kaiwa's data folder: the file `kaiwa web-link` writes),
-     so all N are the operator, and each of the operator's streams carries the changes of all N
-     conversations, as each of their tabs does: what the fan-out costs.
-   Per client, from its own stream, timed from the moment the posts start: first text (the
-   reply's first bubble: a status line such as "waiting for the model: …" while it queues for
-   the model), first word (the first bubble showing the reply's own text) and complete (the
-   reply's bubble with its final text and `streaming` false). Printed: wall (the last
-   complete), handed over (the last post answered), first word p50 and p95, CPU per message
-   (user + system time of the Kaiwa process over the burst, from /proc, divided by N), Kaiwa's
-   peak RSS (VmHWM), and the events each stream carried. The stream is short, and a reply keeps
-   `edit_interval` between two changes of its bubble, so its first words come with its final
-   text: first word is about complete. Then the same N as a Telegram burst, with
-   `platform_burst.py`'s machinery (`bot_process`: its `kaiwa run` with its own config, i.e.
-   its model name and system prompt, `tools = []`, edit_interval 1 s, the store's counting hook
-   loaded; the fake Bot API in this process), timed the same way from the fake's records
-   (first word: the first post or edit showing the reply's text), so the three sit side by
-   side with ratios to Telegram.
+     so all N are the operator, and each of the operator's streams carries its own
+     conversation's changes and the list entries of all N (a conversation's entry changes when
+     a reply starts and when it ends): what the fan-out of one person's many tabs costs.
+   Per client, from its own stream, timed from the moment the posts start: first text (the first
+   sign of the reply: its activity, a status line such as "waiting for the model: …" while it queues
+   for the model, or its first bubble), first word (the first bubble showing the reply's own text)
+   and complete (the reply's bubble with its final text and `streaming` false). Printed: wall (the
+   last complete), handed over (the last post answered), first word p50 and p95, CPU per message
+   (user + system time of the Kaiwa process over the burst, from /proc, divided by N), Kaiwa's peak
+   RSS (VmHWM), and the events each stream carried. The stream is short, and a reply keeps
+   `edit_interval` between two changes of its bubble, so its first words come with its final text:
+   first word is about complete. Then the same N as a Telegram burst, with `platform_burst.py`'s
+   machinery (`bot_process`: its `kaiwa run` with its own config, i.e. its model name and system
+   prompt, `tools = []`, edit_interval 1 s, the store's counting hook loaded; the fake Bot API in
+   this process), timed the same way from the fake's records (first word: the first post or edit
+   showing the reply's text), so the three sit side by side with ratios to Telegram.
 2. **Memory per open stream**: a fresh Kaiwa, warmed up by one message whose page is then
    closed; its RSS (VmRSS) with no stream open and with `--streams` idle streams of the
    operator's open (each has received its first event, so the server holds it), and the
@@ -258,7 +259,8 @@ class WebClient:
     async def open_stream(self) -> None:
         """The page's stream; `subscribed` is set by its first event (every stream opened with
         a conversation of its person's on the board starts with one)."""
-        self._stream = await self.session.get(f"{self._url}/api/events")
+        query = {"conversation": self.conversation}
+        self._stream = await self.session.get(f"{self._url}/api/events", params=query)
         self._stream.raise_for_status()
         self._reader = asyncio.create_task(self._read(self._stream))
 
@@ -282,13 +284,13 @@ class WebClient:
         await self.session.close()
 
     async def _read(self, stream: aiohttp.ClientResponse) -> None:
-        # an operator's stream carries every conversation: the others' bubbles are not parsed
-        own = f'"conversation":"{self.conversation}"'.encode()
         while block := await stream.content.readuntil(b"\n\n"):
             self.subscribed.set()
             self.events += 1
-            if b"event: bubble" in block and own in block:
+            if b"event: bubble" in block:
                 self._seen(event_data(block), time.perf_counter())
+            elif b"event: activity" in block and self.first_text is None:
+                self.first_text = time.perf_counter() if event_data(block)["status"] else None
 
     def _seen(self, bubble: dict[str, Any], now: float) -> None:
         text = str(bubble["text"])
@@ -569,7 +571,7 @@ def report(
     )
     print(
         "  a person's stream carries their own conversation's changes; each of the operator's "
-        f"streams carries all {n} conversations' (the fan-out)"
+        f"streams carries its own conversation's and the list entries of all {n} (the fan-out)"
     )
     before, after = memory
     per_stream = (after - before) / args.streams
