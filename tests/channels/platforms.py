@@ -1,21 +1,20 @@
-"""Each platform as the conformance suite sees it: a real adapter on its real client library,
-talking to the platform's fake on 127.0.0.1, wired to the whole turn path and the fake Ollama.
+"""Each platform across a network as the conformance suite sees it: a real adapter on its real
+client library, talking to the platform's fake on 127.0.0.1, wired to the whole turn path and the
+fake Ollama. (The web chat, whose platform is this process's own board, has its harness in
+tests/channels/web_platform.py; the `platform` fixture, in tests/channels/conftest.py, gives each.)
 
 A platform harness knows how a person speaks on that platform (typing, or pressing the Stop
-button of a streaming reply), how to read what the bot shows there (to everyone, and to one
-person alone), and how to make the platform misbehave (rate limits, refusals, answers without ids, a
-"typing…" request kept in flight); the suite in test_conformance.py asks for the same behaviours
-of every platform. A new platform adds a class here and joins the `platform` fixture's
-parameters.
+button of a streaming reply) and how to read what the bot shows there (to everyone, and to one
+person alone): `Platform`. One across a network also knows how to make it misbehave (rate
+limits, refusals, answers without ids, a "typing…" request kept in flight): `RemotePlatform`.
+The suite in test_conformance.py asks for the same behaviours of every platform. A new platform
+adds a harness and joins the `platform` fixture's parameters.
 """
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
-
-import pytest
 
 from channels.discord.channel import DiscordChannel
 from channels.presses import STOP, payload
@@ -121,7 +120,20 @@ class Platform(Protocol):
         """What the bot showed in `chat` to one person alone (the answers to presses)."""
         ...
 
-    def edit_times(self, chat: int) -> list[float]: ...
+    def edit_times(self, chat: int) -> list[float]:
+        """When the bot's messages in `chat` were changed (each edit the platform took)."""
+        ...
+
+    def fences_intact(self, chat: int) -> bool:
+        """Every bot message in `chat` has its code formatting whole (nothing leaked as text)."""
+        ...
+
+    async def wait_until(self, condition: Callable[[], object], what: str) -> None: ...
+
+
+class RemotePlatform(Platform, Protocol):
+    """A platform across a network, which a harness can make misbehave as a real one does."""
+
     def edits_tried(self, chat: int) -> int:
         """How many edits of the bot's messages in `chat` were asked for, refused ones too."""
         ...
@@ -160,12 +172,6 @@ class Platform(Protocol):
         """Requests whose client went away before their answer (cut off mid-flight)."""
         ...
 
-    def fences_intact(self, chat: int) -> bool:
-        """Every bot message in `chat` has its code formatting whole (nothing leaked as text)."""
-        ...
-
-    async def wait_until(self, condition: Callable[[], object], what: str) -> None: ...
-
 
 @contextlib.asynccontextmanager
 async def running(channel: Channel, bot: Bot) -> AsyncIterator[None]:
@@ -181,16 +187,10 @@ async def running(channel: Channel, bot: Bot) -> AsyncIterator[None]:
         await channel.close()
 
 
-class OnAFake:
-    """What every platform harness shares: the platform's fake, the bot, waiting on the fake,
-    the plain Markdown check of code fences, and holding "typing…" requests (each harness names
-    its typing request, `typing`, and counts the bot's messages where one is, `posts_near`)."""
-
-    typing: str
-
-    def __init__(self, fake: Any, bot: Bot) -> None:
-        self.fake = fake
-        self.bot = bot
+class Harness:
+    """What every platform harness derives from its own readings (`shown`, `buttons`, `press`):
+    the Stop button among the buttons, Stop as a press, and the plain Markdown check of code
+    fences."""
 
     def shown(self, chat: int) -> list[str]:
         raise NotImplementedError
@@ -204,19 +204,31 @@ class OnAFake:
     def has_stop_button(self, chat: int) -> bool:
         return payload(STOP) in self.buttons(chat)
 
+    def press_stop(self, chat: int, *, user: int | None = None) -> None:
+        self.press(chat, payload(STOP), user=user)
+
+    def fences_intact(self, chat: int) -> bool:
+        return all(text.count("```") % 2 == 0 for text in self.shown(chat))
+
+
+class OnAFake(Harness):
+    """What every harness of a platform across a network shares: the platform's fake, the bot,
+    waiting on the fake, and holding "typing…" requests (each harness names its typing request,
+    `typing`, and counts the bot's messages where one is, `posts_near`)."""
+
+    typing: str
+
+    def __init__(self, fake: Any, bot: Bot) -> None:
+        self.fake = fake
+        self.bot = bot
+
     def fail_the_next_read_back(self, chat: int) -> None:
         """Nothing to refuse: only Slack's bot reads its messages back (Telegram's Bot API has
         no method for it, and Discord's nonce makes a repeated post return the first)."""
 
-    def press_stop(self, chat: int, *, user: int | None = None) -> None:
-        self.press(chat, payload(STOP), user=user)
-
     def posts_near(self, params: Mapping[str, Any]) -> Callable[[], int]:
         """A live count of the bot's messages in the chat of a typing request."""
         raise NotImplementedError
-
-    def fences_intact(self, chat: int) -> bool:
-        return all(text.count("```") % 2 == 0 for text in self.shown(chat))
 
     async def wait_until(self, condition: Callable[[], object], what: str) -> None:
         await self.fake.wait_until(condition, what=what)
@@ -575,16 +587,3 @@ async def discord_platform(
         async with running(channel, bot):
             await asyncio.wait_for(channel.connected.wait(), deadline())
             yield DiscordPlatform(fake, bot)
-
-
-@pytest.fixture(params=["telegram", "slack", "discord"])
-async def platform(request: pytest.FixtureRequest, make_bot: BotFactory) -> AsyncIterator[Platform]:
-    factories = {
-        "telegram": telegram_platform,
-        "slack": slack_platform,
-        "discord": discord_platform,
-    }
-    marked = request.node.get_closest_marker("bot")
-    factory = functools.partial(make_bot, **marked.kwargs) if marked else make_bot
-    async with factories[request.param](factory) as running:
-        yield running

@@ -1,7 +1,16 @@
 """What every platform adapter must do, written once and run for each platform.
 
-Each test drives the real adapter through the platform's fake and the fake Ollama; see
-tests/channels/platforms.py for how each platform is set up and read.
+Each test drives the real adapter through the platform's fake (the web chat: its own HTTP API)
+and the fake Ollama; see tests/channels/platforms.py and tests/channels/web_platform.py for how
+each platform is set up and read.
+
+A contract some platforms do not share is marked with the ones it runs on (`platforms`), and why
+the others are left out. The web chat shares every contract but three kinds. Its platform is
+this process's own board: nothing across a network rate limits it, refuses or loses a post,
+answers one without its id or hangs up (`NETWORKED`); a page shows a reply being written by its
+bubble, so no "typing…" request is ever in flight (`TYPING`); and a web conversation is one
+person's, so no one else can press or write in it (`SHARED_PLACES`: another person's request
+there is answered as if the conversation did not exist, tests/channels/web/test_team.py).
 """
 
 import asyncio
@@ -16,13 +25,35 @@ from core.agent.tools import ToolContext
 from core.channel import Button, Delivery, Frame, Outcome, Reply
 from core.features.approvals.questions import ApprovalSettings
 from core.features.schedule.timing import ScheduleSettings, When
-from tests.channels.platforms import ANN, BOB, MALLORY, POOL_SIZE, WITH_HELPERS, Platform, research
+from tests.channels.platforms import (
+    ANN,
+    BOB,
+    MALLORY,
+    POOL_SIZE,
+    WITH_HELPERS,
+    Platform,
+    RemotePlatform,
+    research,
+)
 from tests.fakes.ollama import ChunkDelay, Done, Pause, Text, ToolCall
 from workflows.plan.settings import PlanSettings
 
 SENTENCE = "A paragraph of explanation that goes on for a while. "
 STORM = 20
 CHATS, ROUNDS = 10, 100  # a thousand replies, ten at a time
+
+REMOTE = ("telegram", "slack", "discord")
+NETWORKED = pytest.mark.platforms(
+    *REMOTE,
+    why="the web chat's platform is this process's own board: no rate limit, refusal, lost "
+    "post, answer without an id or hang-up",
+)
+TYPING = pytest.mark.platforms(
+    *REMOTE, why="the web chat sends no typing request: a page marks a reply by its bubble"
+)
+SHARED_PLACES = pytest.mark.platforms(
+    *REMOTE, why="a web conversation is one person's: no one else presses or writes in it"
+)
 
 
 def code_block(lines: int) -> str:
@@ -78,7 +109,8 @@ async def test_a_long_reply_is_split_without_breaking_code(platform: Platform) -
     assert sum(text.count("print(") for text in shown) == lines
 
 
-async def test_a_rate_limit_delays_but_loses_nothing(platform: Platform) -> None:
+@NETWORKED
+async def test_a_rate_limit_delays_but_loses_nothing(platform: RemotePlatform) -> None:
     ollama = platform.bot.ollama
     ollama.script(Text("First part."), Pause("limited"), Text(" Second part, complete."))
 
@@ -96,7 +128,10 @@ def counted(name: str, platform: Platform) -> float:
     return REGISTRY.get_sample_value(name, {"platform": platform.name}) or 0.0
 
 
-async def test_rate_limits_and_refusals_are_counted_for_the_operators(platform: Platform) -> None:
+@NETWORKED
+async def test_rate_limits_and_refusals_are_counted_for_the_operators(
+    platform: RemotePlatform,
+) -> None:
     """One 429 is one rate limit of this platform, whether Kaiwa or the library waited it out
     (discord.py waits most out itself); a refused post is an API error."""
     limits, errors = "kaiwa_platform_rate_limits_total", "kaiwa_platform_api_errors_total"
@@ -158,6 +193,7 @@ async def test_the_stop_button_stops_the_reply_keeps_its_text_and_goes_away(
     assert (await platform.bot.turns(place))[-1].status == Outcome.STOPPED.value
 
 
+@SHARED_PLACES
 async def test_a_strangers_press_stops_nothing(platform: Platform) -> None:
     ollama = platform.bot.ollama
     ollama.script(Text("An answer for Ann"), Pause("answer"), Text(", complete."))
@@ -199,7 +235,7 @@ async def test_a_reply_waiting_for_a_model_slot_says_how_many_are_ahead(
     ollama.script(Text("Bob's answer."))
 
     platform.say(ANN, "first")
-    await platform.wait_until(lambda: ollama.requests, "Ann's request at the model")
+    await ollama.reached("ann")
     platform.say(BOB, "second")
     await platform.wait_until(
         lambda: any(
@@ -266,14 +302,11 @@ async def test_agents_answers_in_the_conversation(platform: Platform) -> None:
     ]
 
 
-@pytest.mark.bot(**WITH_HELPERS)
-async def test_agents_has_a_stop_button_per_running_agent_for_allowed_people_only(
-    platform: Platform,
-) -> None:
-    """/agents lists the running sub-agents with a Stop button each; a stranger's press stops
-    nothing; Ann's press stops that one agent, whose partial report is delivered, while its
-    sibling runs on and reports normally."""
-    ollama, place = platform.bot.ollama, platform.place(ANN)
+async def two_researchers_listed(platform: Platform) -> str:
+    """Ann's question handed to two researchers (apples stalled after its first words, pears
+    before any), then /agents, which lists both with a Stop button each, in the order listed;
+    returns the payload of find-apples's Stop."""
+    ollama = platform.bot.ollama
     ollama.script(research("find apples", "find pears"))
     ollama.script(Text("Two helpers are on it."))
     ollama.script_for("apples", Text("Apples so far: Gala"), Pause("apples"), Text(", Fuji"))
@@ -290,20 +323,23 @@ async def test_agents_has_a_stop_button_per_running_agent_for_allowed_people_onl
     stop_apples = payload(Button("Stop find-apples", "/agents stop a1"))
     stop_pears = payload(Button("Stop find-pears", "/agents stop a2"))
     assert platform.buttons(ANN) == [stop_pears, stop_apples], "in the order listed"
+    return stop_apples
 
-    platform.press(ANN, stop_apples, user=MALLORY)
-    await platform.wait_until(lambda: platform.told_privately(ANN), "the refusal")
-    (refusal,) = platform.told_privately(ANN)
-    assert "not allowed" in refusal and str(MALLORY) in refusal
-    assert refusal.startswith(f"Sorry, {platform.name_of(MALLORY)}, "), "named, not by id alone"
+
+@pytest.mark.bot(**WITH_HELPERS)
+async def test_agents_has_a_stop_button_per_running_agent(platform: Platform) -> None:
+    """/agents lists the running sub-agents with a Stop button each; Ann's press stops that one
+    agent, whose partial report is delivered, while its sibling runs on and reports normally."""
+    ollama, place = platform.bot.ollama, platform.place(ANN)
+    stop_apples = await two_researchers_listed(platform)
     apples = platform.bot.subagents.find(place, "a1")
-    assert apples is not None and apples.status == "running", "a stranger stops nothing"
+    assert apples is not None
 
     platform.press(ANN, stop_apples)
     await apples.finished.wait()
-    await platform.wait_until(lambda: len(platform.told_privately(ANN)) == 2, "the answer")
+    await platform.wait_until(lambda: platform.told_privately(ANN), "the answer")
     stopped = f"{platform.name_of(ANN)} stopped find-apples (a1); its report follows."
-    assert platform.told_privately(ANN)[1] == stopped
+    assert platform.told_privately(ANN) == [stopped]
     assert apples.status == "stopped"
     pears = platform.bot.subagents.find(place, "a2")
     assert pears is not None and pears.status == "running", "its sibling runs on"
@@ -315,6 +351,20 @@ async def test_agents_has_a_stop_button_per_running_agent_for_allowed_people_onl
     carried = [str(r["messages"]) for r in ollama.requests if "[Sub-agent report]" in str(r)]
     assert any("was stopped; what it had:\\nApples so far: Gala" in c for c in carried)
     assert any("Pears: 2 kinds." in c for c in carried)
+
+
+@SHARED_PLACES
+@pytest.mark.bot(**WITH_HELPERS)
+async def test_a_strangers_press_of_an_agents_stop_stops_nothing(platform: Platform) -> None:
+    stop_apples = await two_researchers_listed(platform)
+
+    platform.press(ANN, stop_apples, user=MALLORY)
+    await platform.wait_until(lambda: platform.told_privately(ANN), "the refusal")
+    (refusal,) = platform.told_privately(ANN)
+    assert "not allowed" in refusal and str(MALLORY) in refusal
+    assert refusal.startswith(f"Sorry, {platform.name_of(MALLORY)}, "), "named, not by id alone"
+    apples = platform.bot.subagents.find(platform.place(ANN), "a1")
+    assert apples is not None and apples.status == "running", "a stranger stops nothing"
 
 
 def question_buttons(platform: Platform, chat: int) -> list[str]:
@@ -353,8 +403,9 @@ async def test_a_scheduled_task_posts_a_new_message_in_its_own_place(platform: P
     assert run.outcome == "done"
 
 
+@NETWORKED
 @pytest.mark.bot(schedule=ScheduleSettings())
-async def test_a_scheduled_task_whose_place_is_gone_is_paused(platform: Platform) -> None:
+async def test_a_scheduled_task_whose_place_is_gone_is_paused(platform: RemotePlatform) -> None:
     scheduler = platform.bot.scheduler
     assert scheduler is not None
     platform.bot.ollama.default = [Text("Anyone there?")]
@@ -372,12 +423,9 @@ async def test_a_scheduled_task_whose_place_is_gone_is_paused(platform: Platform
     assert "nothing could be posted in its place" in (stored.paused_reason or "")
 
 
-@pytest.mark.bot(approvals=ApprovalSettings(ask=["echo"]))
-async def test_an_approval_is_asked_with_buttons_and_only_the_asker_decides_once(
-    platform: Platform,
-) -> None:
-    """Bob's press on Ann's question changes nothing; Ann's Allow once runs the tool; the
-    question then says who decided, its buttons gone; a late answer is told it is settled."""
+async def echo_asked(platform: Platform) -> str:
+    """Ann's message whose `echo` asks first, until its question shows with its buttons (the
+    model then says "Done."); returns the payload of its Allow once."""
     ollama = platform.bot.ollama
     ollama.script(ToolCall("echo", {"word": "hello"}))
     ollama.script(Text("Done."))
@@ -386,11 +434,14 @@ async def test_an_approval_is_asked_with_buttons_and_only_the_asker_decides_once
     platform.say(ANN, "say hello")
     await platform.wait_until(lambda: allow in platform.buttons(ANN), "the question")
     assert question_buttons(platform, ANN) == [allow, "kaiwa:approve 1 here", "kaiwa:deny 1"]
-    platform.press(ANN, allow, user=BOB)
-    await platform.wait_until(lambda: platform.told_privately(ANN), "Bob's answer")
-    only = f"Only the person who asked ({platform.name_of(ANN)}) or an approver can answer"
-    assert platform.told_privately(ANN)[0].startswith(only)
-    assert (await platform.bot.store.approval(1)).status == "pending"  # type: ignore[union-attr]
+    return allow
+
+
+@pytest.mark.bot(approvals=ApprovalSettings(ask=["echo"]))
+async def test_an_approval_is_asked_with_buttons_and_decided_once(platform: Platform) -> None:
+    """Ann's Allow once runs the tool; the question then says who decided, its buttons gone; a
+    late answer is told it is settled."""
+    allow = await echo_asked(platform)
 
     platform.press(ANN, allow)
     await platform.wait_until(lambda: "Done." in platform.shown(ANN), "the reply")
@@ -398,12 +449,25 @@ async def test_an_approval_is_asked_with_buttons_and_only_the_asker_decides_once
     assert question.startswith("echo(hello): ")
     assert question.endswith(f": {platform.name_of(ANN)} allowed it once."), "named, not by id"
     assert platform.buttons(ANN) == []
-    assert platform.told_privately(ANN)[1] == "You allowed it once: echo(hello)."
+    assert platform.told_privately(ANN) == ["You allowed it once: echo(hello)."]
     platform.say(ANN, "/deny 1")
     await platform.wait_until(lambda: len(platform.shown(ANN)) == 3, "the late answer")
     assert platform.shown(ANN)[2] == "Question 1 is already settled (allowed)."
-    tool = [m for m in ollama.requests[1]["messages"] if m["role"] == "tool"]
+    tool = [m for m in platform.bot.ollama.requests[1]["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in tool] == ["echo hello"]
+
+
+@SHARED_PLACES
+@pytest.mark.bot(approvals=ApprovalSettings(ask=["echo"]))
+async def test_only_the_asker_or_an_approver_answers_an_approval(platform: Platform) -> None:
+    """Bob's press on Ann's question changes nothing."""
+    allow = await echo_asked(platform)
+
+    platform.press(ANN, allow, user=BOB)
+    await platform.wait_until(lambda: platform.told_privately(ANN), "Bob's answer")
+    only = f"Only the person who asked ({platform.name_of(ANN)}) or an approver can answer"
+    assert platform.told_privately(ANN)[0].startswith(only)
+    assert (await platform.bot.store.approval(1)).status == "pending"  # type: ignore[union-attr]
 
 
 @pytest.mark.bot(approvals=ApprovalSettings(ask=["echo"]))
@@ -439,8 +503,9 @@ async def test_commands_work_while_a_reply_streams(platform: Platform) -> None:
     assert (await platform.bot.turns(platform.place(ANN)))[-1].status == Outcome.DONE.value
 
 
+@NETWORKED
 async def test_a_storm_of_rate_limits_on_the_final_edit_ends_with_the_full_text(
-    platform: Platform,
+    platform: RemotePlatform,
 ) -> None:
     """Regression: finishing gave up after ten rate limits, and the platform kept an older text
     (on Discord, with its Stop button)."""
@@ -458,7 +523,10 @@ async def test_a_storm_of_rate_limits_on_the_final_edit_ends_with_the_full_text(
     assert platform.edits_tried(ANN) > STORM // 5, "the platform did refuse the edits"
 
 
-async def test_a_post_answered_without_its_id_ends_the_replys_calls(platform: Platform) -> None:
+@NETWORKED
+async def test_a_post_answered_without_its_id_ends_the_replys_calls(
+    platform: RemotePlatform,
+) -> None:
     """Regression: Slack's answer without `ts` became the message id "None", and the reply went
     on editing message "None". Then the regression: Slack's first frame stayed in the thread for
     ever, Stop button and all. Slack lets a bot read back its own messages, so there the post
@@ -484,7 +552,8 @@ async def test_a_post_answered_without_its_id_ends_the_replys_calls(platform: Pl
     assert reply.posted == () and reply.delivery is Delivery.NOTHING
 
 
-async def test_a_post_whose_answer_never_came_is_never_sent_twice(platform: Platform) -> None:
+@NETWORKED
+async def test_a_post_whose_answer_never_came_is_never_sent_twice(platform: RemotePlatform) -> None:
     """The bug: slack_sdk's connection-error retry sent chat.postMessage again when the
     connection dropped unanswered, and the reply's next frame posted once more, though the
     first had landed. A post without an answer may be out: on Discord it is sent again with the
@@ -506,8 +575,9 @@ async def test_a_post_whose_answer_never_came_is_never_sent_twice(platform: Plat
     assert not platform.has_stop_button(ANN)
 
 
+@NETWORKED
 async def test_a_lost_post_found_later_ends_with_the_final_text_and_no_stop_button(
-    platform: Platform,
+    platform: RemotePlatform,
 ) -> None:
     """The bug of issue 33: a post whose answer never came, on a platform that could not be
     asked about it then (Slack refused the read-back), stayed with its first frame and its Stop
@@ -531,8 +601,9 @@ async def test_a_lost_post_found_later_ends_with_the_final_text_and_no_stop_butt
     assert len(reply.posted) == 1 and reply.delivery is Delivery.SHOWN
 
 
+@NETWORKED
 async def test_a_reply_the_platform_refuses_ends_with_nothing_delivered(
-    platform: Platform,
+    platform: RemotePlatform,
 ) -> None:
     platform.refuse_posts(ANN)
     reply = platform.reply(ANN)
@@ -543,8 +614,9 @@ async def test_a_reply_the_platform_refuses_ends_with_nothing_delivered(
     assert reply.posted == () and reply.delivery is Delivery.NOTHING
 
 
+@TYPING
 async def test_a_thousand_replies_cut_no_request_off_and_leave_the_pool_free(
-    platform: Platform,
+    platform: RemotePlatform,
 ) -> None:
     """Regression: each reply cancelled its "typing…" request when its text appeared; landing
     while the request was in flight, that cut it off, and httpx kept its pooled connection
@@ -570,7 +642,7 @@ async def test_a_thousand_replies_cut_no_request_off_and_leave_the_pool_free(
     assert platform.abandoned() == []
 
 
-async def _replies(platform: Platform, replies: list[Reply]) -> None:
+async def _replies(platform: RemotePlatform, replies: list[Reply]) -> None:
     """Each reply's "typing…" in flight, then each shows its text as it finishes."""
     await platform.wait_until(
         lambda: platform.typing_in_flight() == len(replies), "every reply typing"
