@@ -98,6 +98,11 @@ class Platform(Protocol):
         the bot shows one person alone aside)."""
         ...
 
+    def seen(self, chat: int) -> list[str]:
+        """`shown`, and what the reply being written says it is doing where a platform shows
+        that apart from its messages (the web chat's status line)."""
+        ...
+
     def buttons(self, chat: int) -> list[str]:
         """The payloads (`channels.presses.payload`) of the buttons the bot's messages in
         `chat` show now, oldest message first."""
@@ -200,6 +205,9 @@ class Harness:
 
     def press(self, chat: int, data: str, *, user: int | None = None) -> None:
         raise NotImplementedError
+
+    def seen(self, chat: int) -> list[str]:
+        return self.shown(chat)  # a platform's status line is in its message's text
 
     def has_stop_button(self, chat: int) -> bool:
         return payload(STOP) in self.buttons(chat)

@@ -77,15 +77,20 @@ class WebPlatform(Harness):
 
     @contextlib.asynccontextmanager
     async def watching(self) -> AsyncIterator[None]:
-        """The board's changes of every person's conversations for the block, until the channel
-        ends its streams (it stops receiving)."""
+        """The board's changes of every person's conversation for the block, as a page open on
+        it sees them."""
         with contextlib.ExitStack() as subscribed:
             board = self.channel.board
-            streams = [subscribed.enter_context(board.subscribe(str(p))) for p in PEOPLE]
+            streams = [
+                subscribed.enter_context(board.streams.subscribe(str(p), self._conversations[p]))
+                for p in PEOPLE
+            ]
             watchers = [asyncio.create_task(self._watch(stream)) for stream in streams]
             try:
                 yield
             finally:
+                for stream in streams:
+                    stream.put_nowait(None)  # the block is over: each watcher ends
                 await asyncio.wait_for(asyncio.gather(*watchers), deadline())
 
     async def settle(self) -> None:
@@ -117,6 +122,10 @@ class WebPlatform(Harness):
 
     def shown(self, chat: int) -> list[str]:
         return [bubble.text for bubble in self._bots(chat)]
+
+    def seen(self, chat: int) -> list[str]:
+        status = self.channel.board.activity(self._conversations[chat]).status
+        return [*self.shown(chat), status] if status else self.shown(chat)
 
     def buttons(self, chat: int) -> list[str]:
         return [payload(button) for bubble in self._bots(chat) for button in bubble.buttons]
@@ -228,9 +237,9 @@ async def web_platform(make_bot: BotFactory, *, data_dir: Path) -> AsyncIterator
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(PROXY, 0)))
         )
         platform = WebPlatform(bot, channel, session)
-        await stack.enter_async_context(platform.watching())  # ends after the channel stops
         await stack.enter_async_context(running(channel, bot))
         await asyncio.wait_for(channel.connected.wait(), deadline())
         await platform.open_conversations()
+        await stack.enter_async_context(platform.watching())
         stack.push_async_callback(platform.settle)
         yield platform
