@@ -221,6 +221,8 @@ class WebApi:
         pictures = _pictures(body.get("images"))
         if isinstance(pictures, str):
             return web.json_response({"error": pictures}, status=400)
+        if not self._people.may_use(person):
+            pictures = ()  # refused by the dispatcher, which must not leave a stranger storage
         if not (text.strip() or pictures) or not client_id or len(client_id) > 64:
             return web.json_response(
                 {"error": "a message needs text or a picture, and a client_id"}, status=400

@@ -5,6 +5,7 @@ builds them, so a stranger meets the dispatcher's own refusal."""
 
 import asyncio
 import dataclasses
+from base64 import b64encode
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from channels.settings import WebSettings
 from channels.web.channel import WebChannel
 from core.errors import ConfigError
 from tests.channels.platforms import running
-from tests.channels.web.test_channel import WebClient, browser_session, signed_in
+from tests.channels.web.test_channel import PNG, WebClient, browser_session, signed_in
 from tests.fakes.ollama import Text
 from tests.fakes.patience import deadline
 from tests.harness import Bot, BotFactory
@@ -117,7 +118,13 @@ async def test_a_stranger_the_proxy_names_is_refused_the_page_and_by_the_dispatc
         assert "[channels.web].allowed_users" in text
 
         conversation = await mallory.new_conversation()
-        assert await mallory.say(conversation, "hello?", "m1") == 202
+        body = {"conversation": conversation, "text": "hello?", "client_id": "m1"}
+        sent = await mallory.post("/api/messages", {**body, "images": [b64encode(PNG).decode()]})
+        assert sent.status == 202
+        kept = web_of(team).board.bubbles(conversation)[0]
+        assert (kept.text, kept.images) == ("hello?", ()), (
+            "regression: a stranger's pictures filled the board"
+        )
         stream = mallory.events(conversation)
         refusal = (
             "Sorry, mallory<b>, you are not allowed to use this bot. Ask its operator to add your "
