@@ -1,0 +1,450 @@
+"""Documents people attach, read as text: PDF (pypdf), DOCX (python-docx) and text-like files.
+
+It is pure and synchronous, bytes in and a `Document` or an `Unreadable` out: pypdf and
+python-docx are blocking pure Python, so the caller runs `read_document` in a thread, after a
+download it capped at `DocumentLimits.max_bytes` (`check_size` says the same words before one).
+
+Every cap is said, never silent: `Document.cut` tells, in words for the person and the model
+alike, what was left out ("read 100 of 240 pages"). And every refusal is an `Unreadable` whose
+message names the file, what is wrong and, where there is one, the fix.
+
+The bytes are a stranger's, so nothing in them may grow past a limit:
+- a PDF's streams inflate only as far as pypdf's own limits (75 MB a stream by default), and at
+  most `max_pages` pages are read, stopping early once `max_chars` characters are in hand. pypdf
+  keeps what it inflated until the read ends, so a hostile PDF can still hold up to that much for
+  every page read: only the limits of the process reading it bound that;
+- a DOCX is a zip, refused before anything is inflated when its directory declares more than
+  `MAX_DOCX_PARTS` files or more than `max_unpacked` bytes. Declared sizes can lie, and
+  python-docx's reading would inflate a lying file whole before cutting it to size, so the files
+  are inflated here first, a chunk at a time and none past its declared size, and python-docx
+  opens that copy (`_unpacked` says how). Its XML parser resolves no entities, so no entity can
+  expand either;
+- a text file is decoded as it is, its size already capped by `max_bytes`.
+
+Text is decoded by its byte order mark (UTF-8, UTF-16, UTF-32) or, without one, as UTF-8. Bytes
+with a NUL and no mark are binary posing as text (a UTF-16 file without its mark is refused too:
+nothing tells its byte order). Invalid UTF-8 is shown as U+FFFD and said in `cut` ("12 characters
+were not UTF-8 ..."): a person's Latin-1 CSV is still worth reading, and they learn how to fix it.
+HTML and XML are read as the text they are: a person attaching markup asks about the markup.
+"""
+
+import codecs
+import html
+import io
+import re
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+import docx
+import pypdf
+from docx.document import Document as WordDocument
+from docx.table import Table, _Cell, _Row
+from docx.text.paragraph import Paragraph
+
+MIB = 1024 * 1024
+MAX_DOCX_PARTS = 10_000
+"""Files inside a DOCX at most: Word writes a few dozen, a few hundred with many pictures."""
+DETAIL_CHARS = 200
+"""Characters of a library's own error kept in a refusal."""
+UNZIP_CHUNK = 1 << 20
+"""Bytes of a DOCX's file inflated at a time."""
+OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
+"""How an old Word file (.doc) begins, and a password-protected DOCX too: both are OLE files."""
+
+READS = "PDF, DOCX and text files (plain text, Markdown, CSV, JSON, source code)"
+PDF_TYPES = frozenset({"application/pdf", "application/x-pdf"})
+DOCX_TYPE = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+NOT_DOCUMENTS = ("image/", "audio/", "video/")
+"""Media types that are not documents whatever the name says (a .ts that is video/mp2t)."""
+TEXT_TYPES = frozenset(
+    {
+        "application/json",
+        "application/ld+json",
+        "application/x-ndjson",
+        "application/xml",
+        "application/xhtml+xml",
+        "application/yaml",
+        "application/x-yaml",
+        "application/toml",
+        "application/javascript",
+        "application/x-javascript",
+        "application/typescript",
+        "application/x-sh",
+        "application/x-python",
+        "application/sql",
+        "application/csv",
+    }
+)
+TEXT_FILES = {
+    "prose and markup": ".txt .text .md .markdown .rst .adoc .org .tex .bib .html .htm .xml "
+    ".srt .vtt .log",
+    "data and configuration": ".csv .tsv .json .jsonl .ndjson .geojson .ipynb .yaml .yml .toml "
+    ".ini .cfg .conf .properties .diff .patch",
+    "source code": ".py .pyi .js .mjs .cjs .ts .tsx .jsx .go .rs .java .kt .kts .c .h .cc .cpp "
+    ".cxx .hpp .hh .cs .fs .rb .php .sh .bash .zsh .fish .ps1 .bat .sql .swift .scala .lua .r "
+    ".pl .pm .m .mm .css .scss .sass .less .vue .svelte .dart .ex .exs .erl .hs .clj .elm .zig "
+    ".nim .jl .proto .graphql .gql .tf .hcl .gradle .cmake .dockerfile",
+}
+"""The extensions read as text, by what they are."""
+TEXT_EXTENSIONS = frozenset(suffix for group in TEXT_FILES.values() for suffix in group.split())
+TEXT_NAMES = frozenset(
+    {
+        "makefile",
+        "dockerfile",
+        "containerfile",
+        "gemfile",
+        "rakefile",
+        "procfile",
+        "vagrantfile",
+        "jenkinsfile",
+        "readme",
+        "license",
+        "changelog",
+        ".gitignore",
+        ".dockerignore",
+        ".editorconfig",
+    }
+)
+"""Files known by their whole name, having no extension."""
+SAVE_AS = {
+    **dict.fromkeys((".xlsx", ".xls", ".ods", ".numbers"), "save it as CSV and send that"),
+    **dict.fromkeys((".doc", ".odt", ".rtf", ".pages"), "save it as DOCX or PDF and send that"),
+    **dict.fromkeys((".pptx", ".ppt", ".odp", ".key"), "save it as PDF and send that"),
+}
+"""The fix for a kind of file Kaiwa cannot read, where there is a usual one."""
+BOMS = (
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF32_LE, "utf-32"),  # before UTF-16's: it begins with the same two bytes
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+HEADING = re.compile(r"Heading ([1-9])")
+DELIMITER = re.compile(r"<(?=\s*/?\s*document\b)", re.IGNORECASE)
+"""A `<` opening what would read as the block's own tag, `<document` or `</document`."""
+
+
+@dataclass(frozen=True)
+class DocumentLimits:
+    max_bytes: int = 20 * MIB
+    """Bytes of a file downloaded and read at most; a larger one is refused."""
+    max_pages: int = 100
+    """Pages of a PDF read at most; the rest are left out, and that is said."""
+    max_chars: int = 60_000
+    """Characters of a document's text kept at most; the rest is left out, and that is said."""
+    max_unpacked: int = 50 * MIB
+    """Bytes a DOCX (a zip) may unpack to; one declaring more is refused before unpacking."""
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    kind: str
+    """What it was read as: "pdf", "docx" or "text"."""
+    text: str
+    pages: int | None
+    """A PDF's pages, all of them (not only those read); None for other kinds."""
+    cut: str | None
+    """What was left out, in plain words ("read 100 of 240 pages"), or None."""
+
+
+class Unreadable(Exception):
+    """A document Kaiwa will not or cannot read; the message, for the person, names the file."""
+
+
+def kind_of(name: str, media_type: str | None) -> str | None:
+    """What `read_document` reads the file as, "pdf", "docx" or "text", or None for what it
+    cannot read. The name's extension decides, and the media type where the name does not (no
+    extension, or one not known here); images, audio and video are None whatever their name:
+    they are not documents."""
+    media = (media_type or "").split(";")[0].strip().lower()
+    if media.startswith(NOT_DOCUMENTS):
+        return None
+    base = PurePosixPath(name.replace("\\", "/")).name.lower()
+    suffix = PurePosixPath(base).suffix
+    if suffix == ".pdf":
+        return "pdf"
+    if suffix == ".docx":
+        return "docx"
+    if suffix in TEXT_EXTENSIONS or base in TEXT_NAMES:
+        return "text"
+    if media in PDF_TYPES:
+        return "pdf"
+    if media == DOCX_TYPE:
+        return "docx"
+    if media.startswith("text/") or media in TEXT_TYPES or media.endswith(("+json", "+xml")):
+        return "text"
+    return None
+
+
+def check_size(name: str, size: int, limits: DocumentLimits) -> None:
+    """`Unreadable` when a file of `size` bytes is past `max_bytes`: for a caller that knows a
+    file's size before downloading it, in the same words `read_document` uses."""
+    if size > limits.max_bytes:
+        raise Unreadable(
+            f"{name} is {_size(size)}; Kaiwa reads documents up to {_size(limits.max_bytes)} "
+            "([documents].max_bytes)"
+        )
+
+
+def read_document(
+    name: str, data: bytes, media_type: str | None, limits: DocumentLimits
+) -> Document:
+    """The text of the file `name` (its bytes `data`), within `limits`; `Unreadable` when there
+    is none to read, with why."""
+    kind = kind_of(name, media_type)
+    if kind is None:
+        raise Unreadable(_cannot_read(name, media_type))
+    check_size(name, len(data), limits)
+    return READERS[kind](name, data, limits)
+
+
+def document_block(document: Document) -> str:
+    """The document as the model reads it: its text between `<document name=... kind=...>` and
+    `</document>`, with what was cut said on its own line before the end. The text cannot end
+    the block early: every `<` in it that begins `document` or `/document` (any case, spaces
+    allowed) is followed by a backslash (`<\\/document>`), so the block's last line is the only
+    tag that closes it and no line inside can open another. The name is escaped as an XML
+    attribute."""
+    attributes = f'name="{html.escape(document.name)}" kind="{document.kind}"'
+    if document.pages is not None:
+        attributes += f' pages="{document.pages}"'
+    lines = [f"<document {attributes}>", DELIMITER.sub("<\\\\", document.text)]
+    if document.cut:
+        lines.append(f"[cut: {document.cut}]")
+    lines.append("</document>")
+    return "\n".join(lines)
+
+
+# -- PDF ----------------------------------------------------------------------------------------
+
+
+def _read_pdf(name: str, data: bytes, limits: DocumentLimits) -> Document:
+    """Pages in order, each after a `--- page N ---` line, so "what does page 3 say" finds it.
+    Pages stop at `max_pages`, and early once the text passes `max_chars`."""
+    with _parsing(name, "a PDF"):
+        reader = pypdf.PdfReader(io.BytesIO(data))
+        _unlock(name, reader)
+        total = len(reader.pages)
+        pages: list[str] = []
+        found_text, length = False, -2  # no separator before the first page
+        for number in range(1, min(total, limits.max_pages) + 1):
+            text = reader.pages[number - 1].extract_text().strip()
+            found_text = found_text or bool(text)
+            pages.append(f"--- page {number} ---\n{text}")
+            length += len(pages[-1]) + 2
+            if length > limits.max_chars:
+                break
+    if not found_text:
+        raise Unreadable(_no_pdf_text(name, total))
+    text = "\n\n".join(pages)
+    cut = None
+    if len(text) > limits.max_chars:
+        text = text[: limits.max_chars]
+        cut = (
+            f"kept the first {limits.max_chars:,} characters, which stop in page {len(pages)} "
+            f"of {total}"
+        )
+    elif len(pages) < total:
+        cut = f"read {len(pages)} of {total} pages"
+    return Document(name, "pdf", text, total, cut)
+
+
+def _unlock(name: str, reader: pypdf.PdfReader) -> None:
+    """Open an encrypted PDF with the empty password, which many carry (their encryption only
+    restricts printing or copying); `Unreadable` when it needs a real one."""
+    if reader.is_encrypted and reader.decrypt("") == pypdf.PasswordType.NOT_DECRYPTED:
+        raise Unreadable(
+            f"{name} is protected by a password, which Kaiwa does not have. Send a copy "
+            "without the password (for example, printed to a new PDF)"
+        )
+
+
+def _no_pdf_text(name: str, pages: int) -> str:
+    if pages == 0:
+        return f"{name} has no pages to read"
+    return (
+        f"{name} has no text to read: its pages are scanned images. Send it as text, or run "
+        "OCR on it first"
+    )
+
+
+# -- DOCX ---------------------------------------------------------------------------------------
+
+
+def _read_docx(name: str, data: bytes, limits: DocumentLimits) -> Document:
+    """Paragraphs and tables in order: a heading after `#`s by its level, a list item after
+    `- `, a table a row a line, its cells between ` | `."""
+    if data.startswith(OLE_MAGIC):
+        raise Unreadable(
+            f"{name} is not a DOCX inside: it is protected by a password, or it is an older "
+            "Word file (.doc). Send a copy without the password, or save it again as DOCX"
+        )
+    with _parsing(name, "a Word document (DOCX)"):
+        unpacked = _unpacked(name, data, limits)
+        text = "\n\n".join(_blocks(docx.Document(io.BytesIO(unpacked))))
+    if not text.strip():
+        raise Unreadable(f"{name} has no text to read: it is empty, or holds only pictures")
+    return _within_chars(name, "docx", text, limits)
+
+
+def _unpacked(name: str, data: bytes, limits: DocumentLimits) -> bytes:
+    """The DOCX's files, inflated, in a zip that stores them as they are, for python-docx to
+    open. The zip is refused before anything is inflated when its directory declares too many
+    files, or more than `max_unpacked` bytes in all. That sum binds what inflates only if it is
+    read the right way: `zipfile` ends each file at its declared size (a lying one then fails
+    its checksum, refused as damaged), but `ZipFile.read`, which python-docx calls, inflates
+    all of a file before cutting it to that size, so a file declared at 1 KB would still
+    inflate in memory as far as it goes (200 MB from 200 KB, 20 GB from 20 MB). Inflated here
+    a chunk at a time instead, no file grows past its declared size nor any step past a chunk,
+    and the copy stays within the sum checked."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        entries = [entry for entry in archive.infolist() if not entry.is_dir()]
+        if len(entries) > MAX_DOCX_PARTS:
+            raise Unreadable(
+                f"{name} holds {len(entries):,} files inside, where a Word document holds a few "
+                f"dozen; Kaiwa opens a DOCX of at most {MAX_DOCX_PARTS:,}"
+            )
+        declared = sum(entry.file_size for entry in entries)
+        if declared > limits.max_unpacked:
+            raise Unreadable(
+                f"{name} unpacks to more than {_size(limits.max_unpacked)} ({_size(declared)} "
+                f"from {_size(len(data))}), past what Kaiwa unpacks ([documents].max_unpacked)"
+            )
+        copied, names = io.BytesIO(), set()
+        with zipfile.ZipFile(copied, "w", zipfile.ZIP_STORED) as stored:
+            for entry in entries:
+                if entry.filename in names:
+                    continue  # a name twice: python-docx would read one; the first it is
+                names.add(entry.filename)
+                with archive.open(entry) as source, stored.open(entry.filename, "w") as target:
+                    while chunk := source.read(UNZIP_CHUNK):
+                        target.write(chunk)
+    return copied.getvalue()
+
+
+def _blocks(document: WordDocument) -> Iterator[str]:
+    for block in document.iter_inner_content():
+        if isinstance(block, Table):
+            yield "\n".join(" | ".join(_cell_texts(row)) for row in block.rows)
+        elif text := block.text.strip():
+            yield _marked(block, text)
+
+
+def _marked(paragraph: Paragraph, text: str) -> str:
+    style = (paragraph.style.name if paragraph.style is not None else None) or ""
+    if heading := HEADING.fullmatch(style):
+        return f"{'#' * int(heading.group(1))} {text}"
+    if style == "Title":
+        return f"# {text}"
+    if style.startswith("List"):
+        return f"- {text}"
+    return text
+
+
+def _cell_texts(row: _Row) -> Iterator[str]:
+    """Each cell's text on one line; a cell merged across columns once (python-docx gives the
+    same cell for each column it spans)."""
+    previous: _Cell | None = None
+    for cell in row.cells:
+        if cell is not previous:
+            yield " ".join(cell.text.split())
+        previous = cell
+
+
+# -- text ---------------------------------------------------------------------------------------
+
+
+def _read_text(name: str, data: bytes, limits: DocumentLimits) -> Document:
+    text, encoding, replaced = _decoded(name, data)
+    if not text.strip():
+        raise Unreadable(f"{name} is empty: there is no text in it to read")
+    note = None
+    if replaced:
+        were, show, them = ("was", "shows", "it") if replaced == 1 else ("were", "show", "them")
+        note = (
+            f"{replaced:,} character{'s' * (replaced != 1)} {were} not {encoding} and {show} as "
+            f"\N{REPLACEMENT CHARACTER}; save the file as UTF-8 to keep {them}"
+        )
+    return _within_chars(name, "text", text, limits, note)
+
+
+def _decoded(name: str, data: bytes) -> tuple[str, str, int]:
+    """The text, the encoding it was read in ("UTF-16"), and how many places in it could not
+    be decoded (shown as U+FFFD)."""
+    for mark, encoding in BOMS:
+        if data.startswith(mark):
+            return _decoded_as(data, encoding)
+    if b"\x00" in data:
+        raise Unreadable(
+            f"{name} is not text: it holds binary data, which no text file has. If it is a "
+            "document, send it as a PDF, a DOCX or a text file"
+        )
+    return _decoded_as(data, "utf-8")
+
+
+def _decoded_as(data: bytes, encoding: str) -> tuple[str, str, int]:
+    label = encoding.upper().removesuffix("-SIG")
+    try:
+        return data.decode(encoding), label, 0
+    except UnicodeDecodeError:
+        text = data.decode(encoding, errors="replace")
+        return text, label, text.count("\N{REPLACEMENT CHARACTER}")
+
+
+# -- shared -------------------------------------------------------------------------------------
+
+
+def _within_chars(
+    name: str, kind: str, text: str, limits: DocumentLimits, note: str | None = None
+) -> Document:
+    """A document of `text` cut at `max_chars`, the cut said after `note`."""
+    notes = [note] if note else []
+    if len(text) > limits.max_chars:
+        notes.append(f"kept the first {limits.max_chars:,} of {len(text):,} characters")
+        text = text[: limits.max_chars]
+    return Document(name, kind, text, None, "; ".join(notes) or None)
+
+
+@contextmanager
+def _parsing(name: str, what: str) -> Iterator[None]:
+    """A library's failure on the file as `Unreadable`. pypdf and python-docx parse a stranger's
+    bytes, and a damaged file can fail anywhere inside them with any exception, so any is
+    caught here, around their calls alone."""
+    try:
+        yield
+    except Unreadable:
+        raise
+    except Exception as exc:
+        detail = (str(exc) or type(exc).__name__).splitlines()[0][:DETAIL_CHARS]
+        raise Unreadable(f"{name} could not be read as {what}: {detail}") from exc
+
+
+def _cannot_read(name: str, media_type: str | None) -> str:
+    suffix = PurePosixPath(name.replace("\\", "/")).suffix.lower()
+    if suffix:
+        what = f"{suffix} files"
+    elif media_type:
+        what = f"{name} ({media_type.split(';')[0].strip()})"
+    else:
+        what = f"{name}: it has no extension that says what it is"
+    fix = SAVE_AS.get(suffix)
+    return f"Kaiwa cannot read {what}; it reads {READS}" + (f". To send it, {fix}" if fix else "")
+
+
+def _size(count: int) -> str:
+    """A size as people say it: 31 MB, 203.5 KB, 900 bytes (MB and KB of 1,024)."""
+    for unit, scale in (("MB", MIB), ("KB", 1024)):
+        if count >= scale:
+            return f"{count / scale:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{count} bytes"
+
+
+READERS: dict[str, Callable[[str, bytes, DocumentLimits], Document]] = {
+    "pdf": _read_pdf,
+    "docx": _read_docx,
+    "text": _read_text,
+}
