@@ -1,0 +1,2 @@
+"""What people attach besides pictures, turned into text the model reads: documents
+(documents.py) and voice notes (transcription.py)."""
