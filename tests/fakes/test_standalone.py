@@ -7,7 +7,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
-SERVERS = ("ollama", "telegram", "slack", "discord", "tcp_proxy", "mcp_server")
+SERVERS = (
+    "ollama",
+    "telegram",
+    "slack",
+    "discord",
+    "tcp_proxy",
+    "mcp_server",
+    "transcription",
+    "voice",
+)
 PROBE = f"""
 import sys
 for name in {SERVERS!r}:
