@@ -50,6 +50,8 @@ from core.agent.model import ModelSettings
 from core.cluster.settings import ClusterSettings
 from core.errors import ConfigError
 from core.features.approvals.questions import ApprovalSettings
+from core.features.attachments.documents import DocumentLimits
+from core.features.attachments.transcription import TranscriptionSettings
 from core.features.fetch import FetchSettings
 from core.features.mcp.servers import McpServerSettings
 from core.features.memory import SCOPES, MemorySettings
@@ -182,6 +184,8 @@ class Config:
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
     memory: MemorySettings = field(default_factory=MemorySettings)
     fetch: FetchSettings = field(default_factory=FetchSettings)
+    transcription: TranscriptionSettings = field(default_factory=TranscriptionSettings)
+    documents: DocumentLimits = field(default_factory=DocumentLimits)
     approvals: ApprovalSettings = field(default_factory=ApprovalSettings)
     workflows: WorkflowsConfig = field(default_factory=WorkflowsConfig)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)

@@ -21,6 +21,7 @@ from bot.wiring import access_rules, assemble, features, turn_settings
 from core.agent.context import SCHEMA_SHARE_WARNING, SchemaShare, schema_share
 from core.agent.model import ModelClient
 from core.errors import ModelError, StoreError
+from core.features.attachments.transcription import ServerCheck, Transcriber
 from core.features.mcp.servers import McpServers
 from core.features.schedule.timing import describe_tasks
 from core.store import Store
@@ -49,6 +50,8 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
             crowded = await _crowded_windows(config, store, servers, model, windows)
             fine += [f"warning: {line}" for line in crowded]
             fine.append(f"tasks: {await _tasks_line(config, store)}")
+        heard = await _transcription(config)
+        fine, problems = fine + heard.fine, problems + heard.problems
         fine += [f"mcp: {line}" for line in servers.describe()]
     finally:
         await servers.close()
@@ -80,6 +83,15 @@ async def _channels(config: Config, opened: list[Adapter]) -> tuple[list[str], l
         if not found:
             ready.append(adapter.platform)
     return ([f"ok: channels ready: {', '.join(ready)}"] if ready else []), problems
+
+
+async def _transcription(config: Config) -> ServerCheck:
+    """Whether the speech-to-text server answers and has its model (voice notes off: one line)."""
+    transcriber = Transcriber(config.transcription)
+    try:
+        return await transcriber.check()
+    finally:
+        await transcriber.aclose()
 
 
 async def _opened_store(config: Config) -> tuple[Store | None, list[str]]:

@@ -19,10 +19,12 @@ from tests.fakes.discord import FakeDiscord
 from tests.fakes.ollama import FakeOllama, HttpError, Pause, Text, ToolCall
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
+from tests.fakes.transcription import FakeTranscription
 from tests.ports import free_port
 from tests.processes import WAIT_SECONDS, finish, kaiwa, write_config
 
 READY = "Kaiwa is ready"
+VOICE_OFF = "voice notes: off (set [transcription].url to hear them)"
 MCP_TOOLS = (
     "fake.add, fake.crash, fake.environment, fake.fail, fake.file_ticket, fake.hang, fake.log, "
     "fake.picture, fake.pid, fake.resources, fake.shout"
@@ -55,6 +57,7 @@ def all_fine(ollama: FakeOllama) -> str:
         "context window: assistant: 16,384 tokens (test-model takes up to 40,960; "
         "context.max_window is 16,384)\n"
         "tasks: no scheduled task\n"
+        f"{VOICE_OFF}\n"
     )
 
 
@@ -74,6 +77,7 @@ async def test_check_names_the_model_to_pull(ollama: FakeOllama, tmp_path: Path)
         f"ok: Ollama at {ollama.url} is reachable\n"
         "ok: channels ready: terminal\n"
         "tasks: no scheduled task\n"
+        f"{VOICE_OFF}\n"
         "problem: model qwen3:4b not found: run `ollama pull qwen3:4b`\n"
     )
 
@@ -90,7 +94,8 @@ async def test_check_names_a_database_it_cannot_open_without_its_password(
     )
 
     assert code == 1
-    reachable, channels, database, model = out.splitlines()
+    reachable, channels, voice, database, model = out.splitlines()
+    assert voice == VOICE_OFF
     assert (reachable, channels) == (
         f"ok: Ollama at {ollama.url} is reachable",
         "ok: channels ready: terminal",
@@ -688,6 +693,7 @@ async def test_check_shows_what_is_fine_beside_a_problem(
     assert fine[2].startswith("context window: assistant: 16,384 tokens")
     assert fine[3:] == [
         "tasks: no scheduled task",
+        VOICE_OFF,
         MCP_LINE,
         f"mcp: gone: gets the variables {BASICS}",
     ]
@@ -712,3 +718,20 @@ async def test_check_warns_when_the_tools_schemas_crowd_a_small_window(
     assert "warning: assistant: its tools' schemas take about " in warning
     assert "of its 2,048-token window, before any message; offer fewer (without " in warning
     assert "schedule_task" in warning and "raise [agents.assistant].context_window" in warning
+
+
+async def test_check_says_whether_the_transcription_server_answers_with_its_model(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, ollama.url)
+    async with FakeTranscription(models=["small-en"]) as server:
+        with config.open("a") as more:
+            more.write(f'\n[transcription]\nurl = "{server.url}"\nmodel = "small-en"\n')
+        code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
+    assert code == 0, out
+    assert f"ok: the transcription server at {server.url} has small-en\n" in out
+
+    code, out, _ = await finish(await kaiwa("--config", str(config), "check"))  # now it is gone
+    assert code == 1
+    (problem,) = [line for line in out.splitlines() if line.startswith("problem: ")]
+    assert server.url in problem and "[transcription].url" in problem
