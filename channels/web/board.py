@@ -249,12 +249,12 @@ class Board:
     ) -> Bubble:
         old = self._known(bubble_id)
         new = replace(old, text=text, buttons=buttons, streaming=streaming, deleted=deleted)
-        return self._rewrite(new, moved=False)
+        return self._rewrite(old, new)
 
     def set_cards(self, bubble_id: str, cards: tuple[Card, ...]) -> Bubble:
         """The cards `bubble_id` shows (a status message's sub-agents), unless they are so."""
         old = self._known(bubble_id)
-        return old if old.cards == cards else self._rewrite(replace(old, cards=cards))
+        return old if old.cards == cards else self._rewrite(old, replace(old, cards=cards))
 
     def activity(self, conversation: str) -> Activity:
         found = self._db.execute(
@@ -279,7 +279,8 @@ class Board:
         )
         self.streams.publish(entry.person, _activity_event(activity), conversation)
         if bool(old.status) != bool(status):  # its list entry starts or stops showing it
-            self._entry_changed(entry.person, conversation, moved=False)
+            self._touch(conversation, moved=False)
+            self._publish_entry(entry.person, conversation)
 
     def bubble(self, bubble_id: str) -> Bubble | None:
         found = self._db.execute("SELECT * FROM bubbles WHERE id = ?", (bubble_id,)).fetchone()
@@ -333,42 +334,42 @@ class Board:
             raise UnknownBubble(bubble_id)
         return bubble
 
-    def _rewrite(self, bubble: Bubble, *, moved: bool = False) -> Bubble:
-        """`bubble`'s new state in place of its old one."""
+    def _rewrite(self, old: Bubble, bubble: Bubble) -> Bubble:
+        """`bubble`'s new state in place of its `old` one."""
         person = self._person_of(bubble.conversation)
+        flags_changed = (old.streaming, old.deleted) != (bubble.streaming, bubble.deleted)
 
         def write(seq: int) -> Bubble:
             written = replace(bubble, seq=seq)
-            self._db.execute(
-                "UPDATE bubbles SET text = ?, buttons = ?, streaming = ?, deleted = ?, seq = ?, "
-                "cards = ? WHERE id = ?",
-                (
-                    written.text,
-                    _buttons_json(written.buttons),
-                    written.streaming,
-                    written.deleted,
-                    seq,
-                    _cards_json(written.cards),
-                    written.id,
-                ),
-            )
+            self._db.execute(UPDATE_BUBBLE, _changed_row(written))
             return written
 
-        return self._change(person, bubble.conversation, write, moved=moved)
+        return self._change(
+            person, bubble.conversation, write, moved=False, may_start_or_stop=flags_changed
+        )
 
     def _change(
-        self, person: str, conversation: str, write: Callable[[int], Bubble], *, moved: bool
+        self,
+        person: str,
+        conversation: str,
+        write: Callable[[int], Bubble],
+        *,
+        moved: bool,
+        may_start_or_stop: bool = False,
     ) -> Bubble:
         """One change of a bubble in `conversation` (`write`, given the change's number, returns
         the bubble as written), in one transaction with its list entry's where the list shows
         it differently (`moved`: a new bubble takes it to the top; a reply starts or stops
-        being written); published once stored."""
-        writing = self._writing(conversation)
+        being written, which only a change of a bubble's `streaming` or `deleted` can make,
+        `may_start_or_stop`); published once stored. An edit of a reply's text alone reads
+        nothing more than it writes."""
+        watch = may_start_or_stop and not moved
+        writing = self._writing(conversation) if watch else False
         seq = self._next()
         self._db.execute("BEGIN")
         try:
             bubble = write(seq)
-            entry_changed = moved or self._writing(conversation) != writing
+            entry_changed = moved or (watch and self._writing(conversation) != writing)
             if entry_changed:
                 self._touch(conversation, moved=moved)
             self._db.execute("COMMIT")
@@ -379,10 +380,6 @@ class Board:
         if entry_changed:
             self._publish_entry(person, conversation)
         return bubble
-
-    def _entry_changed(self, person: str, conversation: str, *, moved: bool) -> None:
-        self._touch(conversation, moved=moved)
-        self._publish_entry(person, conversation)
 
     def _touch(self, conversation: str, *, moved: bool) -> None:
         """A new number for the conversation's list entry (and, `moved`, a new time)."""
@@ -446,6 +443,25 @@ def _cards_json(cards: tuple[Card, ...]) -> str:
 def _card(data: dict[str, Any]) -> Card:
     buttons = tuple(Button(**each) for each in data.pop("buttons", ()))
     return Card(**data, buttons=buttons)
+
+
+UPDATE_BUBBLE = (
+    "UPDATE bubbles SET text = ?, buttons = ?, streaming = ?, deleted = ?, seq = ?, cards = ? "
+    "WHERE id = ?"
+)
+
+
+def _changed_row(bubble: Bubble) -> tuple[Any, ...]:
+    """What `UPDATE_BUBBLE` writes of `bubble`."""
+    return (
+        bubble.text,
+        _buttons_json(bubble.buttons),
+        bubble.streaming,
+        bubble.deleted,
+        bubble.seq,
+        _cards_json(bubble.cards),
+        bubble.id,
+    )
 
 
 def _bubble_row(bubble: Bubble) -> tuple[Any, ...]:

@@ -39,7 +39,11 @@ class WebReply:
         self._words = StreamingReply(
             WebTransport(board, conversation), settings, place, posted, on_post
         )
-        self._said_activity = False
+        self._said = ("", "")
+        """The status line and thinking this reply last gave the conversation's activity."""
+        self._shown_cards: tuple[str, tuple[Card, ...]] | None = None
+        """The bubble and the cards last kept on it: a frame that changes neither reads and
+        writes nothing (most frames, which carry no cards at all)."""
 
     @property
     def posted(self) -> tuple[str, ...]:
@@ -71,12 +75,16 @@ class WebReply:
             self._say_activity("", "")
 
     def _say_activity(self, status: str, thinking: str) -> None:
-        if status or thinking or self._said_activity:
+        if (status, thinking) != self._said:
             self._board.set_activity(self._conversation, status, thinking)
-            self._said_activity = bool(status or thinking)
+            self._said = (status, thinking)
 
     def _show_cards(self, cards: tuple[Card, ...]) -> None:
         if not self.posted:
             return
+        shown = (self.posted[-1], cards)
+        if shown == self._shown_cards or (self._shown_cards is None and not cards):
+            return
         with contextlib.suppress(UnknownBubble):  # the conversation is gone: no place for them
-            self._board.set_cards(self.posted[-1], cards)
+            self._board.set_cards(*shown)
+        self._shown_cards = shown

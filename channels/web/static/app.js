@@ -348,8 +348,7 @@
     say(element.querySelector("h3"), `${card.name} (${card.key})`);
     const calls = `${card.model_calls} model call${card.model_calls === 1 ? "" : "s"}`;
     const seconds = `${Math.round(card.seconds)} s`;
-    const step = card.status === "running" ? card.doing : card.status;
-    say(element.querySelector(".figures"), [step, seconds, card.model, calls].filter(Boolean).join(" · "));
+    say(element.querySelector(".figures"), [card.doing, seconds, card.model, calls].filter(Boolean).join(" · "));
     const buttons = JSON.stringify(card.buttons ?? []);
     if (element.dataset.buttons !== buttons) {
       element.dataset.buttons = buttons;
