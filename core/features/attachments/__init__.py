@@ -1,5 +1,5 @@
 """What people attach besides pictures, turned into text the model reads: documents
-(documents.py) and voice notes (transcription.py).
+(documents.py, its caps in limits.py) and voice notes (transcription.py).
 
 Pictures are not here: they go to a vision model as they are. What is here takes what a channel
 downloaded and gives back text, or a refusal in words for the person; it imports nothing of the

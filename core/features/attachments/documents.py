@@ -44,7 +44,8 @@ from docx.document import Document as WordDocument
 from docx.table import Table, _Cell, _Row
 from docx.text.paragraph import Paragraph
 
-MIB = 1024 * 1024
+from core.features.attachments.limits import MIB, DocumentLimits
+
 MAX_DOCX_PARTS = 10_000
 """Files inside a DOCX at most: Word writes a few dozen, a few hundred with many pictures."""
 DETAIL_CHARS = 200
@@ -125,18 +126,6 @@ BOMS = (
 HEADING = re.compile(r"Heading ([1-9])")
 DELIMITER = re.compile(r"<(?=\s*/?\s*document\b)", re.IGNORECASE)
 """A `<` opening what would read as the block's own tag, `<document` or `</document`."""
-
-
-@dataclass(frozen=True)
-class DocumentLimits:
-    max_bytes: int = 20 * MIB
-    """Bytes of a file downloaded and read at most; a larger one is refused."""
-    max_pages: int = 100
-    """Pages of a PDF read at most; the rest are left out, and that is said."""
-    max_chars: int = 60_000
-    """Characters of a document's text kept at most; the rest is left out, and that is said."""
-    max_unpacked: int = 50 * MIB
-    """Bytes a DOCX (a zip) may unpack to; one declaring more is refused before unpacking."""
 
 
 @dataclass(frozen=True)
