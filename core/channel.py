@@ -39,13 +39,49 @@ def platform_of(place: str) -> str:
     return place.partition(":")[0]
 
 
+class AttachmentKind(StrEnum):
+    VOICE = "voice"
+    """A note recorded in the app to be heard (Telegram's voice and round video notes,
+    Discord's voice messages)."""
+    AUDIO = "audio"
+    """An audio file sent as a file; heard like a voice note."""
+    FILE = "file"
+    """Anything else: read as a document when it is one Kaiwa reads, named when it is not."""
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """A file attached to a message (pictures aside: they arrive as bytes in `images`), as its
+    channel describes it before anything is downloaded. It is plain data, recorded with the
+    message in the inbox, so a restart or another worker can fetch it again: `source` is what
+    the channel finds the file by (a Telegram file id, a Discord or Slack URL, a web upload's
+    id), never a secret; the channel's `Files.download` turns it into bytes. `size` and
+    `seconds` are the platform's figures (None where it gives none); `unavailable` is why the
+    channel cannot fetch it at all, in words for the person (a Telegram file past the Bot API's
+    20 MB), said before anything else is tried."""
+
+    name: str
+    media_type: str
+    source: str
+    kind: AttachmentKind = AttachmentKind.FILE
+    size: int | None = None
+    seconds: float | None = None
+    unavailable: str = ""
+
+    @property
+    def heard(self) -> bool:
+        """Transcribed, not read: a voice note or an audio file."""
+        return self.kind is not AttachmentKind.FILE
+
+
 @dataclass(frozen=True)
 class ChannelMessage:
     """One inbound message, normalized by its adapter.
 
     `place` is the conversation key (`terminal:<session>`, `telegram:<chat>`, ...); `message_id`
     is the platform's own id for the message, the basis of deduplication. `images` are the bytes
-    of attached pictures (a photo's caption is `text`). For access rules: `room` is the platform's
+    of attached pictures (a photo's caption is `text`), `attachments` every other file (a voice
+note, a document), described for `Files.download`. For access rules: `room` is the platform's
     channel id and `space` the server it belongs to (a Discord guild), both empty for a direct
     conversation with the bot; `author_roles` are the author's role ids where a platform has
     roles. `redeliverable`: the platform delivers the message again unless the channel
@@ -64,6 +100,7 @@ class ChannelMessage:
     space: str = ""
     author_roles: tuple[str, ...] = ()
     redeliverable: bool = False
+    attachments: tuple[Attachment, ...] = ()
 
 
 class Outcome(StrEnum):
@@ -164,6 +201,15 @@ class Reply(Protocol):
         tools: tuple[str, ...] = (),
         cards: tuple[Card, ...] = (),
     ) -> None: ...
+
+
+class Files(Protocol):
+    """A channel whose messages carry `attachments`: it fetches them for the core."""
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        """The attachment's bytes, at most `limit` of them. Raises `core.errors.DownloadError`,
+        in words for the person, when it is larger, gone, or the platform refuses."""
+        ...
 
 
 OnPost = Callable[[tuple[str, ...]], None]

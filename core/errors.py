@@ -11,6 +11,7 @@ wrong, then how to fix it.
     ├── StoreError             the database cannot be opened or migrated, or refused a write
     │   └── StoreUnavailable   the database did not answer within [storage].write_retry_seconds
     ├── ChannelError           a platform refused to start a channel (a wrong token, ...)
+    │   └── DownloadError      an attached file could not be fetched (too large, gone, refused)
     ├── ModelError             a model request did not produce a reply
     │   ├── ModelUnreachable   Ollama is not listening at the configured URL
     │   ├── ModelNotFound      the model is not pulled
@@ -44,6 +45,11 @@ class StoreUnavailable(StoreError):
 
 class ChannelError(KaiwaError):
     """A platform refused to start a channel; the message names the setting to fix."""
+
+
+class DownloadError(ChannelError):
+    """An attachment its channel could not fetch; the message, for the person who sent it, says
+    why (past a size limit, expired, refused by the platform) and what to do."""
 
 
 class ModelError(KaiwaError):
