@@ -42,7 +42,8 @@ import pypdf
 from fpdf import FPDF
 
 from benchmarks import _common as bench
-from core.features.attachments.documents import MIB, DocumentLimits, read_document
+from core.features.attachments.documents import read_document
+from core.features.attachments.formats import MIB, DocumentLimits
 
 VOCABULARY = (
     "the budget quarter revenue growth team project customer report section figure table risk "

@@ -50,7 +50,7 @@ from core.agent.model import ModelSettings
 from core.cluster.settings import ClusterSettings
 from core.errors import ConfigError
 from core.features.approvals.questions import ApprovalSettings
-from core.features.attachments.limits import DocumentLimits
+from core.features.attachments.formats import DocumentLimits
 from core.features.attachments.transcription import TranscriptionSettings
 from core.features.fetch import FetchSettings
 from core.features.mcp.servers import McpServerSettings

@@ -29,6 +29,9 @@ from core.errors import ConfigError
 from core.features.approvals.commands import AnswerCommand, GrantsCommand
 from core.features.approvals.questions import Approvals, ApprovalSettings
 from core.features.archive import archive_tools
+from core.features.attachments.formats import DocumentLimits
+from core.features.attachments.reading import Attachments
+from core.features.attachments.transcription import TranscriptionSettings
 from core.features.fetch import fetch_tool
 from core.features.mcp.servers import McpServers
 from core.features.memory import (
@@ -69,6 +72,8 @@ class Features:
     plan: PlanSettings = field(default_factory=PlanSettings)
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
     memory: MemorySettings = field(default_factory=MemorySettings)
+    transcription: TranscriptionSettings = field(default_factory=TranscriptionSettings)
+    documents: DocumentLimits = field(default_factory=DocumentLimits)
     mcp: McpServers | None = None
     """Started already: their tools are there from the first message."""
     zone: str = ""
@@ -121,6 +126,8 @@ def assemble(
     memory = Memory(store, features.memory) if features.memory.enabled else None
     if memory is not None:
         parts.add(TurnTools(memory_tools(memory)))
+    attachments = Attachments(features.transcription, features.documents)
+    parts.add(attachments)
     subagents = _subagents(store, model, runner, channels, features.subagents)
     owners = _owners(cluster, store, runner, channels) if cluster is not None else None
     if owners is not None:
@@ -130,6 +137,7 @@ def assemble(
     dispatcher = Dispatcher(
         store, runner, channels, access, max_message_chars=max_message_chars, owners=owners
     )
+    dispatcher.screens.append(attachments.screen)
     commands = dispatcher.commands
     commands.add("agents", AgentsCommand(subagents, store))
     commands.add("tasks", TasksCommand(scheduler) if scheduler is not None else Answer(TASKS_OFF))
@@ -318,6 +326,8 @@ def features(config: Config, mcp: McpServers | None = None) -> Features:
         plan=config.workflows.plan,
         schedule=config.schedule,
         memory=config.memory,
+        transcription=config.transcription,
+        documents=config.documents,
         mcp=mcp,
         zone=config.assistant.timezone,
     )

@@ -78,15 +78,15 @@ class Attachment:
 class ChannelMessage:
     """One inbound message, normalized by its adapter.
 
-    `place` is the conversation key (`terminal:<session>`, `telegram:<chat>`, ...); `message_id`
-    is the platform's own id for the message, the basis of deduplication. `images` are the bytes
-    of attached pictures (a photo's caption is `text`), `attachments` every other file (a voice
-note, a document), described for `Files.download`. For access rules: `room` is the platform's
-    channel id and `space` the server it belongs to (a Discord guild), both empty for a direct
-    conversation with the bot; `author_roles` are the author's role ids where a platform has
-    roles. `redeliverable`: the platform delivers the message again unless the channel
-    acknowledges it (Telegram's offset, Slack's ack), so when it cannot be recorded the channel
-    holds the acknowledgement instead of the person being asked to send it again.
+        `place` is the conversation key (`terminal:<session>`, `telegram:<chat>`, ...); `message_id`
+        is the platform's own id for the message, the basis of deduplication. `images` are the bytes
+        of attached pictures (a photo's caption is `text`), `attachments` every other file (a voice
+    note, a document), described for `Files.download`. For access rules: `room` is the platform's
+        channel id and `space` the server it belongs to (a Discord guild), both empty for a direct
+        conversation with the bot; `author_roles` are the author's role ids where a platform has
+        roles. `redeliverable`: the platform delivers the message again unless the channel
+        acknowledges it (Telegram's offset, Slack's ack), so when it cannot be recorded the channel
+        holds the acknowledgement instead of the person being asked to send it again.
     """
 
     platform: str

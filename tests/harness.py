@@ -15,11 +15,13 @@ from bot.wiring import Features, assemble
 from core.agent.model import ModelClient
 from core.agent.profile import AgentProfile
 from core.agent.tools import Tool, builtin_tools, tool
-from core.channel import Channel, ChannelMessage
+from core.channel import Attachment, Channel, ChannelMessage
 from core.cluster.leases import Coordinator
 from core.cluster.owners import Owners
 from core.dispatch.dispatcher import AccessRules, Allowed, Dispatcher
 from core.features.approvals.questions import ApprovalSettings
+from core.features.attachments.formats import DocumentLimits
+from core.features.attachments.transcription import TranscriptionSettings
 from core.features.mcp.servers import McpServers
 from core.features.memory import MemorySettings
 from core.features.schedule.scheduler import Scheduler
@@ -65,6 +67,7 @@ class Bot:
         message_id: str | None = None,
         author: str = "ann",
         images: tuple[bytes, ...] = (),
+        attachments: tuple[Attachment, ...] = (),
     ) -> None:
         await self.dispatcher.handle(
             ChannelMessage(
@@ -74,6 +77,7 @@ class Bot:
                 author_id=author,
                 text=text,
                 images=images,
+                attachments=attachments,
             ),
         )
 
@@ -131,6 +135,8 @@ async def make_bot(
         tool_timeout: float = deadline(),
         plan: PlanSettings | None = None,
         cluster: Coordinator | None = None,
+        transcription: TranscriptionSettings | None = None,
+        documents: DocumentLimits | None = None,
     ) -> Bot:
         """`schedule`: with a scheduler (its task tools given to the agent), on `clock`, with
         no timers: firings happen when the test calls `scheduler.fire_due()`. `memory`: with
@@ -163,6 +169,8 @@ async def make_bot(
             plan=plan or PlanSettings(enabled=False),
             schedule=schedule or ScheduleSettings(enabled=False),
             memory=memory or MemorySettings(enabled=False),
+            transcription=transcription or TranscriptionSettings(),
+            documents=documents or DocumentLimits(),
             mcp=servers,
             zone="UTC",
             clock=clock or utc_now,

@@ -327,6 +327,17 @@ class Compactor:
                     raise self._overflow(needed)
         self.calibration.sent(raw_estimate([*messages, *extra], tools))
 
+    def opening_room(self, system: dict[str, Any], tools: Sequence[dict[str, Any]]) -> int:
+        """Characters a message opening a run may take (a person's with a document in it), so
+        that it is never what makes a request too large: beside the system message, the tools'
+        schemas, the longest summary of what came before and the answer's reserve, it may
+        take `KEEP_SHARE` of what is left, the rest staying for the run's own calls and
+        results. In characters as the estimate counts them for this conversation."""
+        beside = self._size([system], (), tools) + self._summary_cap() + MESSAGE_TOKENS
+        left = self.settings.window - self.settings.answer_reserve - beside
+        tokens = max(0.0, left * KEEP_SHARE)
+        return math.floor(tokens * CHARS_PER_TOKEN / self.calibration.ratio)
+
     def reported(self, prompt_tokens: int) -> None:
         """A model call returned: what the model said it read."""
         self.calibration.reported(prompt_tokens)

@@ -62,6 +62,17 @@ class AssistantMessage:
 
 
 @dataclass(frozen=True)
+class PersonMessage:
+    """The person's message that opened a turn, as it reads once what it came with is read
+    (a voice note's transcript, a document's text): stored again in the turn's first place."""
+
+    text: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"role": "user", "content": self.text}
+
+
+@dataclass(frozen=True)
 class Instruction:
     """What Kaiwa tells the model in the middle of a turn (a workflow's next step). The model
     reads it as a user message; it is stored with the turn so the next request is the same."""

@@ -15,7 +15,10 @@
    A workflow's command with its task (`/plan <task>`) is no command: it is a turn like any
    message, which the turn runner gives that workflow's body.
 4. Messages with nothing to read (a bare mention, a sticker), images the agent's model cannot
-   read, and oversized messages are answered with the reason, and no model is called.
+   read, oversized messages, and attachments a feature screens out before anything is
+   downloaded (`screens`: voice notes with transcription off, a file type Kaiwa cannot read)
+   are answered with the reason, and no model is called. Nothing is downloaded here: a
+   channel's reading loop must not wait on a file, so attachments are read in their turn.
 5. Anything else starts a turn as a background task, so the channel keeps reading. While Kaiwa
    shuts down, such a message is recorded but not started; the next start answers it
    (`core.dispatch.recovery`).
@@ -38,6 +41,10 @@ from core.turns.turn import TurnRequest
 logger = logging.getLogger(__name__)
 
 REFUSE_AGAIN_SECONDS = 3600.0
+
+Screen = Callable[[ChannelMessage], str | None]
+"""A feature's look at a message's attachments before it is recorded as a turn: why it cannot
+be taken, in words for the person, or None."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,8 @@ class Dispatcher:
         self._owners = owners
         if owners is not None:
             owners.run_command = self._run_forwarded
+        self.screens: list[Screen] = []
+        """Features' looks at a message's attachments (`Screen`), added where Kaiwa is wired."""
         self._refused: dict[tuple[str, str], float] = {}
         """When each stranger (platform, person) was last told they are refused."""
 
@@ -169,6 +178,7 @@ class Dispatcher:
                 reply_to=message.message_id,
                 inbound_event_id=event_id,
                 images=message.images,
+                attachments=message.attachments,
             )
             if self._owners is not None:
                 await self._owners.arrived(request)  # the conversation's owner runs it
@@ -212,7 +222,7 @@ class Dispatcher:
     def _content_refusal(self, message: ChannelMessage) -> str | None:
         """Why the model cannot take this message, in words for the person, or None."""
         agent = self._runner.conversations.agent_for(message.place, message.platform)
-        if not message.text.strip() and not message.images:
+        if not message.text.strip() and not message.images and not message.attachments:
             pictures = " and pictures" if agent.images else ""
             return f"Ask me something: I read text{pictures}, so write your question as a message."
         if message.images and not agent.images:
@@ -225,6 +235,17 @@ class Dispatcher:
                 f"Your message is {len(message.text):,} characters; the limit is "
                 f"{self._max_chars:,} ([limits].max_message_chars). Shorten or split it."
             )
+        if message.attachments:
+            return self._screened(message)
+        return None
+
+    def _screened(self, message: ChannelMessage) -> str | None:
+        if not self.screens:  # nothing wired reads them: say so rather than drop them
+            names = ", ".join(each.name for each in message.attachments)
+            return f"I can't open attached files here ({names}): send what matters as text."
+        for screen in self.screens:
+            if (why := screen(message)) is not None:
+                return why
         return None
 
     async def _not_recorded(self, message: ChannelMessage, error: StoreError) -> None:
@@ -266,6 +287,7 @@ def _inbound(message: ChannelMessage, status: str) -> Inbound:
         author=message.author_name or message.author_id,
         author_id=message.author_id,
         status=status,
+        attachments=message.attachments,
     )
 
 

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 
 from core.channel import Channel, Delivery, OnPost, Outcome, platform_of
-from core.store import UNSURE_DELIVERY, Store, Unfinished, not_awaited
+from core.store import UNSURE_DELIVERY, Store, Unfinished, attachments_of, not_awaited
 from core.store.tables import InboundEvent
 from core.turns.parts import Leftover, TurnParts
 from core.turns.runner import TurnRunner
@@ -232,6 +232,7 @@ def turn_of(message: InboundEvent) -> TurnRequest:
         person=message.author_id,
         reply_to=message.platform_message_id,
         inbound_event_id=message.id,
+        attachments=attachments_of(message.attachments),
     )
 
 
@@ -281,6 +282,7 @@ def _again(unfinished: Unfinished) -> TurnRequest:
         person=unfinished.person,
         reply_to=unfinished.reply_to,
         inbound_event_id=unfinished.turn.inbound_event_id,
+        attachments=unfinished.attachments,
         attempt=2,
     )
 

@@ -42,6 +42,7 @@ from core.store.rows.turns import (
     Unfinished,
 )
 from core.store.store import Store
+from core.store.tables import attachments_of
 
 __all__ = [
     "BACKENDS",
@@ -61,5 +62,6 @@ __all__ = [
     "TurnStart",
     "TurnState",
     "Unfinished",
+    "attachments_of",
     "not_awaited",
 ]

@@ -13,11 +13,14 @@ carry a `token`, the mark of the write that made them (made before its transacti
 so a write replayed after its COMMIT answer was lost finds its own row.
 """
 
+from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, Column, DateTime, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
+
+from core.channel import Attachment, AttachmentKind
 
 
 def utc_now() -> datetime:
@@ -120,6 +123,19 @@ class InboundEvent(SQLModel, table=True):
     """The platform's id of the person, so any worker can answer them as the one who wrote."""
     claim: str | None = Field(default=None, max_length=32)
     received_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    attachments: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON))
+    """What the message came with besides text (`attachments_of` reads it)."""
+
+
+def attachments_of(stored: list[dict[str, Any]] | None) -> tuple[Attachment, ...]:
+    """The attachments an inbox row keeps, as the channel described them (keys a later version
+    of Kaiwa does not know are left out)."""
+    known = {each.name for each in fields(Attachment)}
+    found = []
+    for values in stored or ():
+        kept = {key: value for key, value in values.items() if key in known}
+        found.append(Attachment(**{**kept, "kind": AttachmentKind(kept.get("kind", "file"))}))
+    return tuple(found)
 
 
 class Compaction(SQLModel, table=True):

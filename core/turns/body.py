@@ -63,6 +63,8 @@ class BodyTurn:
     _model: ChatModel
     _compactor: Compactor
     _settings: TurnSettings
+    _opening: dict[str, Any]
+    """The person's message in `messages` (the last one when the turn opens)."""
 
     async def ids(self) -> tuple[int, int]:
         """The turn's conversation and row, once stored (a body's own records point at them)."""
@@ -123,6 +125,27 @@ class BodyTurn:
     def status(self, text: str) -> None:
         """What the reply's status line says the turn is doing now (until its next step)."""
         self._recorder.status(text)
+
+    # -- what a part does as it reads the person's attachments (`core.turns.parts.Reading`) --
+
+    @property
+    def said(self) -> str:
+        """The person's message as the model reads it now."""
+        return str(self._opening.get("content", ""))
+
+    def reword(self, text: str) -> None:
+        """The person's message reads `text` from now on, for the model and in the store."""
+        self._opening["content"] = text
+        self._recorder.reword(text)
+
+    def preface(self, text: str) -> None:
+        """Show `text` above the answer in the reply; the model does not read it as its own."""
+        self._recorder.preface(text)
+
+    def room(self) -> int:
+        """Characters the person's message may take (`Compactor.opening_room`)."""
+        schemas = [each.schema() for each in self.tools.values()]
+        return self._compactor.opening_room(self.messages[0], schemas)
 
 
 class TurnBody(Protocol):

@@ -9,6 +9,11 @@ feature is read in its own package and the runner without any of them:
   conversation's turn or a sub-agent's run (an MCP server's). As a turn opens, `Part.joined` may
   return the part's `Share` of that turn: tools for this turn alone (a `delegate` that knows the
   turn) and texts the turn carries above the person's message (a sub-agent's report).
+- **Reading.** Before the turn's body runs, each part may read what the person's message came
+  with (`Part.read`: a voice note transcribed, a document's text), showing what it does on the
+  reply's status line, rewording the message as the model reads and the store keeps it, and
+  showing a preface above the answer (what was heard). A failure it raises ends the turn as
+  any failure does, with its words; a stop reaches it as a cancellation.
 - **Guard.** Every tool offered, in a turn or a run, passes through the one `ToolGuard`
   (approvals), which may make a call wait for a person's yes.
 - **Ending.** Once the turn's records are stored, or could not be, each share is told which
@@ -87,6 +92,36 @@ class Share:
     """Told, once, whether the turn's records are stored (False: failed, or not saved)."""
 
 
+class Reading(Protocol):
+    """A turn as a part sees it while reading what the person's message came with, before the
+    turn's body runs (`core.turns.body.BodyTurn` is one)."""
+
+    request: TurnRequest
+    agent: AgentProfile
+    channel: Channel
+
+    @property
+    def said(self) -> str:
+        """The person's message as the model reads it now."""
+        ...
+
+    def status(self, text: str) -> None:
+        """What the reply's status line says the turn is doing ("transcribing…")."""
+        ...
+
+    def reword(self, text: str) -> None:
+        """The person's message reads `text` from now on, for the model and in the store."""
+        ...
+
+    def preface(self, text: str) -> None:
+        """Show `text` above the answer in the reply (not the model's words)."""
+        ...
+
+    def room(self) -> int:
+        """Characters the person's message may take without making a request too large."""
+        ...
+
+
 class Places(Protocol):
     """How a part's leftovers reach their places, once the places' channels are connected."""
 
@@ -119,6 +154,10 @@ class Part:
     def joined(self, turn: OpenTurn) -> Share | None:
         """The part's share of a turn that opens; None to take no part in it."""
         return None
+
+    async def read(self, turn: Reading) -> None:
+        """Read what the person's message came with, before the turn's body runs; raise a
+        `core.errors.KaiwaError` with why, for the person, when it cannot be read."""
 
     async def stop(self, place: str) -> str:
         """`/stop` in `place`: stop what the part runs there; a sentence for the answer, or ''."""
@@ -215,6 +254,10 @@ class TurnParts:
         """Every tool a turn of `agent` is offered: its own, what parts give it wherever it
         runs, and the turn's shares (before the guard wraps them)."""
         return {**self.tools_for(agent), **joined.tools}
+
+    async def read(self, turn: Reading) -> None:
+        for part in self._parts:
+            await part.read(turn)
 
     async def stop(self, place: str) -> list[str]:
         said = [await part.stop(place) for part in self._parts]

@@ -17,7 +17,8 @@ tool calls is the turn's answer: it is held and written with the turn's ending, 
 transaction, unless a frame shows it first.
 
 The text a person sees and the stored text are built from the same strings: the answers of the
-turn's assistant messages joined by blank lines (`display_text`).
+turn's assistant messages joined by blank lines (`display_text`), after the turn's preface when
+it has one (what was heard of a voice note, `preface`), which the model never reads as its own.
 """
 
 import asyncio
@@ -31,6 +32,7 @@ from core.agent.loop import LoopSink
 from core.agent.messages import (
     AssistantMessage,
     Instruction,
+    PersonMessage,
     ToolCall,
     ToolResult,
     Usage,
@@ -73,6 +75,7 @@ class TurnRecorder(LoopSink):
         self.seqs: list[int] = []
         """The place in the turn of each message the loop added to the history, in order."""
         self._said: list[str] = []
+        self._preface = ""
         self._text = ""
         self._thinking = ""
         self._answer: AssistantMessage | None = None
@@ -151,6 +154,17 @@ class TurnRecorder(LoopSink):
         self._write([*self._take_answer(), (self._seq, instruction)])
         self._seq += 1
 
+    def reword(self, text: str) -> None:
+        """The person's message (the turn's first) reads `text` now: stored again in its place,
+        in order with the turn's other writes."""
+        self._write([(0, PersonMessage(text))])
+
+    def preface(self, text: str) -> None:
+        """Show `text` above the answer (what was heard of a voice note); it is not the
+        model's, so no assistant message carries it."""
+        self._preface = text
+        self.on_change()
+
     def counted(self, usage: Usage) -> None:
         """A model call made for the turn outside its conversation (a workflow's reviewer):
         its cost is the turn's."""
@@ -167,7 +181,8 @@ class TurnRecorder(LoopSink):
     # -- display, saving, ending ---------------------------------------------------------------
 
     def display_text(self) -> str:
-        return PARAGRAPH.join([*self._said, self._text] if self._text else self._said)
+        said = [*self._said, self._text] if self._text else self._said
+        return PARAGRAPH.join([self._preface, *said] if self._preface else said)
 
     def frame(self) -> Frame:
         return Frame(self.display_text(), self._thinking, self._activity, tuple(self._tools))

@@ -281,14 +281,15 @@ class TurnRunner:
         )
         starting.add_done_callback(lambda row: Conversations.remember(conversation, row))
         LOGGED_TURN.set(TurnInLog(request.place, starting))
-        said = {"role": "user", "content": text}
-        sent = {**said, "images": list(request.images)} if request.images else said
+        sent: dict[str, Any] = {"role": "user", "content": text}
+        if request.images:
+            sent["images"] = list(request.images)
         messages.append(sent)
         body, now = self._open(turn, opened, starting, joined, messages, context)
         outcome, note, wrapped_up = await self._run_body(turn.body, body, stopped_early)
         turn.finishing = True  # the outcome is decided: a stop from here on changes nothing
         now.pump.halt()  # no frame after the answer is complete; the last edit is the notice's
-        _replace(messages, sent, said)  # images go to the model with their own turn only
+        sent.pop("images", None)  # images go to the model with their own turn only
         return await self._end(turn, now, outcome, note, wrapped_up)
 
     def _open(
@@ -329,6 +330,7 @@ class TurnRunner:
             self._model,
             self.conversations.compactor(conversation, recorder, context),
             settings,
+            messages[-1],
         )
         return body, _Opened(recorder, pump, reply, joined, time.monotonic())
 
@@ -349,6 +351,7 @@ class TurnRunner:
         )
         try:
             with called_from(context):
+                await self.parts.read(turn)  # what the person's message came with
                 ending = await body.run(turn)
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
@@ -430,11 +433,3 @@ class TurnRunner:
             logger.error(
                 "turn task in %s crashed", turn.request.place, exc_info=turn.task.exception()
             )
-
-
-def _replace(messages: list[dict[str, Any]], old: dict[str, Any], new: dict[str, Any]) -> None:
-    """`old` (that very message, if it is still there) becomes `new`."""
-    for index, message in enumerate(messages):
-        if message is old:
-            messages[index] = new
-            return

@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from core.agent.context import ContextPolicy
 from core.agent.profile import AgentProfile
-from core.channel import Delivery
+from core.channel import Attachment, Delivery
 from core.store import StartedTurn
 
 
@@ -67,6 +67,8 @@ class TurnRequest:
     reply_to: str | None = None
     inbound_event_id: int | None = None
     images: tuple[bytes, ...] = ()
+    attachments: tuple[Attachment, ...] = ()
+    """The message's files besides pictures, read as the turn opens (`core.turns.parts.Reading`)."""
     attempt: int = 1
     """2 for a turn run again because a restart interrupted it before it showed anything."""
     proceed: Callable[[], bool] | None = None

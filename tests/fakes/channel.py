@@ -5,13 +5,27 @@ implementation of our own `Channel` interface. `wait_until` gives handshakes on 
 so tests never sleep to order events. `hold_finish` makes every reply's last call wait for
 `release_finish()`, to test what a cancellation during the closing notice does; `hold_update`
 does the same for frames (`updating`, `release_update()`). `calls` is the order of it all.
+Attached files are served from `files` by their `Attachment.source` (`attach` adds one), each
+download recorded in `downloads`.
 """
 
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from core.channel import Button, Card, ChannelTraits, Deliver, Delivery, Frame, OnPost, Outcome
+from core.channel import (
+    Attachment,
+    AttachmentKind,
+    Button,
+    Card,
+    ChannelTraits,
+    Deliver,
+    Delivery,
+    Frame,
+    OnPost,
+    Outcome,
+)
+from core.errors import DownloadError
 from tests.fakes.changes import Changes
 from tests.fakes.patience import deadline
 
@@ -70,6 +84,34 @@ class RecordingChannel:
         self.connected = asyncio.Event()
         self.connected.set()
         self.problem: str | None = None
+        self.files: dict[str, bytes] = {}
+        self.downloads: list[str] = []
+
+    def attach(
+        self,
+        name: str,
+        data: bytes,
+        media_type: str = "",
+        *,
+        kind: AttachmentKind = AttachmentKind.FILE,
+        seconds: float | None = None,
+        size: int | None = None,
+    ) -> Attachment:
+        """A file a message comes with, served by `download` until removed from `files`."""
+        source = f"file-{len(self.files)}"
+        self.files[source] = data
+        declared = len(data) if size is None else size
+        return Attachment(name, media_type, source, kind, declared, seconds)
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        self.downloads.append(attachment.source)
+        self.changed()
+        data = self.files.get(attachment.source)
+        if data is None:
+            raise DownloadError(f"{attachment.name} is gone: send it again")
+        if len(data) > limit:
+            raise DownloadError(f"{attachment.name} is larger than the {limit} bytes asked for")
+        return data
 
     async def run(self, deliver: Deliver) -> None:
         await asyncio.Event().wait()

@@ -29,14 +29,11 @@ HTML and XML are read as the text they are: a person attaching markup asks about
 """
 
 import codecs
-import html
 import io
 import re
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 import docx
 import pypdf
@@ -44,7 +41,15 @@ from docx.document import Document as WordDocument
 from docx.table import Table, _Cell, _Row
 from docx.text.paragraph import Paragraph
 
-from core.features.attachments.limits import MIB, DocumentLimits
+from core.features.attachments.formats import (
+    Document,
+    DocumentLimits,
+    Unreadable,
+    cannot_read,
+    check_size,
+    kind_of,
+    size_in_words,
+)
 
 MAX_DOCX_PARTS = 10_000
 """Files inside a DOCX at most: Word writes a few dozen, a few hundred with many pictures."""
@@ -55,67 +60,6 @@ UNZIP_CHUNK = 1 << 20
 OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 """How an old Word file (.doc) begins, and a password-protected DOCX too: both are OLE files."""
 
-READS = "PDF, DOCX and text files (plain text, Markdown, CSV, JSON, source code)"
-PDF_TYPES = frozenset({"application/pdf", "application/x-pdf"})
-DOCX_TYPE = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
-NOT_DOCUMENTS = ("image/", "audio/", "video/")
-"""Media types that are not documents whatever the name says (a .ts that is video/mp2t)."""
-TEXT_TYPES = frozenset(
-    {
-        "application/json",
-        "application/ld+json",
-        "application/x-ndjson",
-        "application/xml",
-        "application/xhtml+xml",
-        "application/yaml",
-        "application/x-yaml",
-        "application/toml",
-        "application/javascript",
-        "application/x-javascript",
-        "application/typescript",
-        "application/x-sh",
-        "application/x-python",
-        "application/sql",
-        "application/csv",
-    }
-)
-TEXT_FILES = {
-    "prose and markup": ".txt .text .md .markdown .rst .adoc .org .tex .bib .html .htm .xml "
-    ".srt .vtt .log",
-    "data and configuration": ".csv .tsv .json .jsonl .ndjson .geojson .ipynb .yaml .yml .toml "
-    ".ini .cfg .conf .properties .diff .patch",
-    "source code": ".py .pyi .js .mjs .cjs .ts .tsx .jsx .go .rs .java .kt .kts .c .h .cc .cpp "
-    ".cxx .hpp .hh .cs .fs .rb .php .sh .bash .zsh .fish .ps1 .bat .sql .swift .scala .lua .r "
-    ".pl .pm .m .mm .css .scss .sass .less .vue .svelte .dart .ex .exs .erl .hs .clj .elm .zig "
-    ".nim .jl .proto .graphql .gql .tf .hcl .gradle .cmake .dockerfile",
-}
-"""The extensions read as text, by what they are."""
-TEXT_EXTENSIONS = frozenset(suffix for group in TEXT_FILES.values() for suffix in group.split())
-TEXT_NAMES = frozenset(
-    {
-        "makefile",
-        "dockerfile",
-        "containerfile",
-        "gemfile",
-        "rakefile",
-        "procfile",
-        "vagrantfile",
-        "jenkinsfile",
-        "readme",
-        "license",
-        "changelog",
-        ".gitignore",
-        ".dockerignore",
-        ".editorconfig",
-    }
-)
-"""Files known by their whole name, having no extension."""
-SAVE_AS = {
-    **dict.fromkeys((".xlsx", ".xls", ".ods", ".numbers"), "save it as CSV and send that"),
-    **dict.fromkeys((".doc", ".odt", ".rtf", ".pages"), "save it as DOCX or PDF and send that"),
-    **dict.fromkeys((".pptx", ".ppt", ".odp", ".key"), "save it as PDF and send that"),
-}
-"""The fix for a kind of file Kaiwa cannot read, where there is a usual one."""
 BOMS = (
     (codecs.BOM_UTF8, "utf-8-sig"),
     (codecs.BOM_UTF32_LE, "utf-32"),  # before UTF-16's: it begins with the same two bytes
@@ -124,59 +68,6 @@ BOMS = (
     (codecs.BOM_UTF16_BE, "utf-16"),
 )
 HEADING = re.compile(r"Heading ([1-9])")
-DELIMITER = re.compile(r"<(?=\s*/?\s*document\b)", re.IGNORECASE)
-"""A `<` opening what would read as the block's own tag, `<document` or `</document`."""
-
-
-@dataclass(frozen=True)
-class Document:
-    name: str
-    kind: str
-    """What it was read as: "pdf", "docx" or "text"."""
-    text: str
-    pages: int | None
-    """A PDF's pages, all of them (not only those read); None for other kinds."""
-    cut: str | None
-    """What was left out, in plain words ("read 100 of 240 pages"), or None."""
-
-
-class Unreadable(Exception):
-    """A document Kaiwa will not or cannot read; the message, for the person, names the file."""
-
-
-def kind_of(name: str, media_type: str | None) -> str | None:
-    """What `read_document` reads the file as, "pdf", "docx" or "text", or None for what it
-    cannot read. The name's extension decides, and the media type where the name does not (no
-    extension, or one not known here); images, audio and video are None whatever their name:
-    they are not documents."""
-    media = (media_type or "").split(";")[0].strip().lower()
-    if media.startswith(NOT_DOCUMENTS):
-        return None
-    base = PurePosixPath(name.replace("\\", "/")).name.lower()
-    suffix = PurePosixPath(base).suffix
-    if suffix == ".pdf":
-        return "pdf"
-    if suffix == ".docx":
-        return "docx"
-    if suffix in TEXT_EXTENSIONS or base in TEXT_NAMES:
-        return "text"
-    if media in PDF_TYPES:
-        return "pdf"
-    if media == DOCX_TYPE:
-        return "docx"
-    if media.startswith("text/") or media in TEXT_TYPES or media.endswith(("+json", "+xml")):
-        return "text"
-    return None
-
-
-def check_size(name: str, size: int, limits: DocumentLimits) -> None:
-    """`Unreadable` when a file of `size` bytes is past `max_bytes`: for a caller that knows a
-    file's size before downloading it, in the same words `read_document` uses."""
-    if size > limits.max_bytes:
-        raise Unreadable(
-            f"{name} is {_size(size)}; Kaiwa reads documents up to {_size(limits.max_bytes)} "
-            "([documents].max_bytes)"
-        )
 
 
 def read_document(
@@ -186,26 +77,9 @@ def read_document(
     is none to read, with why."""
     kind = kind_of(name, media_type)
     if kind is None:
-        raise Unreadable(_cannot_read(name, media_type))
+        raise Unreadable(cannot_read(name, media_type))
     check_size(name, len(data), limits)
     return READERS[kind](name, data, limits)
-
-
-def document_block(document: Document) -> str:
-    """The document as the model reads it: its text between `<document name=... kind=...>` and
-    `</document>`, with what was cut said on its own line before the end. The text cannot end
-    the block early: every `<` in it that begins `document` or `/document` (any case, spaces
-    allowed) is followed by a backslash (`<\\/document>`), so the block's last line is the only
-    tag that closes it and no line inside can open another. The name is escaped as an XML
-    attribute."""
-    attributes = f'name="{html.escape(document.name)}" kind="{document.kind}"'
-    if document.pages is not None:
-        attributes += f' pages="{document.pages}"'
-    lines = [f"<document {attributes}>", DELIMITER.sub("<\\\\", document.text)]
-    if document.cut:
-        lines.append(f"[cut: {document.cut}]")
-    lines.append("</document>")
-    return "\n".join(lines)
 
 
 # -- PDF ----------------------------------------------------------------------------------------
@@ -300,8 +174,9 @@ def _unpacked(name: str, data: bytes, limits: DocumentLimits) -> bytes:
         declared = sum(entry.file_size for entry in entries)
         if declared > limits.max_unpacked:
             raise Unreadable(
-                f"{name} unpacks to more than {_size(limits.max_unpacked)} ({_size(declared)} "
-                f"from {_size(len(data))}), past what Kaiwa unpacks ([documents].max_unpacked)"
+                f"{name} unpacks to more than {size_in_words(limits.max_unpacked)} "
+                f"({size_in_words(declared)} from {size_in_words(len(data))}), past what Kaiwa "
+                "unpacks ([documents].max_unpacked)"
             )
         copied, names = io.BytesIO(), set()
         with zipfile.ZipFile(copied, "w", zipfile.ZIP_STORED) as stored:
@@ -410,26 +285,6 @@ def _parsing(name: str, what: str) -> Iterator[None]:
     except Exception as exc:
         detail = (str(exc) or type(exc).__name__).splitlines()[0][:DETAIL_CHARS]
         raise Unreadable(f"{name} could not be read as {what}: {detail}") from exc
-
-
-def _cannot_read(name: str, media_type: str | None) -> str:
-    suffix = PurePosixPath(name.replace("\\", "/")).suffix.lower()
-    if suffix:
-        what = f"{suffix} files"
-    elif media_type:
-        what = f"{name} ({media_type.split(';')[0].strip()})"
-    else:
-        what = f"{name}: it has no extension that says what it is"
-    fix = SAVE_AS.get(suffix)
-    return f"Kaiwa cannot read {what}; it reads {READS}" + (f". To send it, {fix}" if fix else "")
-
-
-def _size(count: int) -> str:
-    """A size as people say it: 31 MB, 203.5 KB, 900 bytes (MB and KB of 1,024)."""
-    for unit, scale in (("MB", MIB), ("KB", 1024)):
-        if count >= scale:
-            return f"{count / scale:.1f}".removesuffix(".0") + f" {unit}"
-    return f"{count} bytes"
 
 
 READERS: dict[str, Callable[[str, bytes, DocumentLimits], Document]] = {

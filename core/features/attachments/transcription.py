@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from core.errors import KaiwaError
+from core.features.attachments.formats import size_in_words
 from core.text import clean
 
 logger = logging.getLogger(__name__)
@@ -209,24 +210,11 @@ class Transcriber:
     def _within_caps(self, data: bytes, seconds: float | None) -> float | None:
         """The file's own length (None if it does not say), once it is known to be within the
         caps; `TranscriptionError` otherwise, or when transcription is off."""
-        settings = self.settings
-        if not settings.enabled:
-            raise TranscriptionError(Failure.OFF, OFF)
-        if len(data) > settings.max_bytes:
-            raise TranscriptionError(
-                Failure.TOO_LARGE,
-                f"it is {_size(len(data))}, and I take files up to {_size(settings.max_bytes)} "
-                "([transcription].max_bytes)",
-            )
         file_seconds = audio_seconds(data)
         longest = max((s for s in (seconds, file_seconds) if s is not None), default=None)
-        if longest is not None and longest > settings.max_seconds:
-            raise TranscriptionError(
-                Failure.TOO_LONG,
-                f"it is {_length(longest)} long, and I take notes up to "
-                f"{_length(settings.max_seconds)} ([transcription].max_seconds); send a "
-                "shorter one",
-            )
+        refusal = refusal_before(self.settings, len(data), longest)
+        if refusal is not None:
+            raise refusal
         return file_seconds
 
     async def _post(self, name: str, data: bytes, media_type: str | None) -> httpx.Response:
@@ -374,6 +362,30 @@ class Transcriber:
         )
 
 
+def refusal_before(
+    settings: TranscriptionSettings, size: int | None, seconds: float | None
+) -> TranscriptionError | None:
+    """Why a note of `size` bytes and `seconds` long (None: not known) will not be transcribed
+    whatever the server says: off, or past a cap; None if it may be. For the dispatcher, before
+    a byte is downloaded, and again once the file is in hand."""
+    if not settings.enabled:
+        return TranscriptionError(Failure.OFF, OFF)
+    if size is not None and size > settings.max_bytes:
+        return TranscriptionError(
+            Failure.TOO_LARGE,
+            f"it is {size_in_words(size)}, and I take files up to "
+            f"{size_in_words(settings.max_bytes)} ([transcription].max_bytes)",
+        )
+    if seconds is not None and seconds > settings.max_seconds:
+        return TranscriptionError(
+            Failure.TOO_LONG,
+            f"it is {length_in_words(seconds)} long, and I take notes up to "
+            f"{length_in_words(settings.max_seconds)} ([transcription].max_seconds); send a "
+            "shorter one",
+        )
+    return None
+
+
 def audio_seconds(data: bytes) -> float | None:
     """The length in seconds of an OGG Opus or WAV file, read from its container; None for
     any other kind of file, or one whose container is broken or cut short."""
@@ -480,15 +492,7 @@ def _model_ids(response: httpx.Response) -> list[str] | None:
     ]
 
 
-def _size(size: int) -> str:
-    """25 MiB, 9.5 KiB, 300 bytes."""
-    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale:
-            return f"{size / scale:.1f}".removesuffix(".0") + f" {unit}"
-    return f"{size} bytes"
-
-
-def _length(seconds: float) -> str:
+def length_in_words(seconds: float) -> str:
     """5 min 12 s; rounded up, so a note just over a limit never reads as at it."""
     whole = math.ceil(seconds)
     minutes, rest = divmod(whole, 60)

@@ -13,12 +13,13 @@ under way).
 
 import uuid
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any
 
 from sqlalchemy import Connection, Executable, bindparam, func, or_, select, union, update
 
+from core.channel import Attachment
 from core.store.base import StoreBase
 from core.store.rows.turns import PENDING_DELIVERY, UNSURE_DELIVERY
 from core.store.tables import (
@@ -44,6 +45,7 @@ class Inbound:
     status: str = "received"
     author_id: str | None = None
     """The platform's id of the person (`author` is their name as shown)."""
+    attachments: tuple[Attachment, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class InboxStore(StoreBase):
                 "author": inbound.author,
                 "author_id": inbound.author_id,
                 "status": inbound.status,
+                "attachments": [asdict(each) for each in inbound.attachments] or None,
                 "claim": token,
                 "received_at": utc_now(),
             },

@@ -29,11 +29,13 @@ from sqlalchemy import Connection, Executable, bindparam, case, func, insert, se
 from core.agent.messages import (
     AssistantMessage,
     Instruction,
+    PersonMessage,
     ToolCall,
     ToolResult,
     ToolStatus,
     UsageTotals,
 )
+from core.channel import Attachment
 from core.store.base import StoreBase
 from core.store.dbthread import Unit
 from core.store.history import INTERRUPTED_TOOL, unanswered_calls
@@ -43,7 +45,14 @@ from core.store.rows.conversations import (
     _opening_conversation,
     _place_statement,
 )
-from core.store.tables import Conversation, InboundEvent, Message, Turn, utc_now
+from core.store.tables import (
+    Conversation,
+    InboundEvent,
+    Message,
+    Turn,
+    attachments_of,
+    utc_now,
+)
 from core.store.units import (
     _by_id_statement,
     _by_token_statement,
@@ -101,7 +110,7 @@ class TurnState:
     wrapped_up: bool = False
 
 
-TurnMessage = AssistantMessage | ToolResult | Instruction
+TurnMessage = AssistantMessage | ToolResult | Instruction | PersonMessage
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,8 @@ class Unfinished:
     carry sub-agents' reports above them)."""
     person: str | None = None
     """The platform's id of the person who wrote it."""
+    attachments: tuple[Attachment, ...] = ()
+    """What it came with besides text, to be read again if the turn runs again."""
 
 
 @dataclass(frozen=True)
@@ -278,12 +289,22 @@ class TurnStore(StoreBase):
                     _place_statement(), {"id": turn.conversation_id}
                 ).scalar_one()
                 messages = _rows(connection, Message, _of_turn_statement(), turn_id=turn.id)
-                reply_to = asked = person = None
+                reply_to = asked = person = attached = None
                 if turn.inbound_event_id is not None:
-                    reply_to, asked, person = connection.execute(
+                    reply_to, asked, person, attached = connection.execute(
                         _inbound_statement(), {"id": turn.inbound_event_id}
                     ).one()
-                found.append(Unfinished(turn, turn_place, messages, reply_to, asked, person))
+                found.append(
+                    Unfinished(
+                        turn,
+                        turn_place,
+                        messages,
+                        reply_to,
+                        asked,
+                        person,
+                        attachments_of(attached),
+                    )
+                )
             return found
 
         return self._call(run)
@@ -384,6 +405,8 @@ def _message_row(
     }
     if isinstance(message, Instruction):
         return row | {"role": "user", "text": message.text, "author": INSTRUCTION_AUTHOR}
+    if isinstance(message, PersonMessage):  # its author stays the one the turn began with
+        return row | {"role": "user", "text": message.text}
     if isinstance(message, ToolResult):
         return row | {
             "role": "tool",
@@ -452,9 +475,10 @@ def _of_turn_statement() -> Executable:
 
 @cache
 def _inbound_statement() -> Executable:
-    """The platform's id, the text and the author of the inbox message a turn answers."""
+    """The platform's id, the text, the author and the attachments of the inbox message a turn
+    answers."""
     table = InboundEvent.__table__  # type: ignore[attr-defined]
-    columns = (table.c.platform_message_id, table.c.text, table.c.author_id)
+    columns = (table.c.platform_message_id, table.c.text, table.c.author_id, table.c.attachments)
     return select(*columns).where(table.c.id == bindparam("id"))
 
 

@@ -20,6 +20,9 @@ from PIL import Image
 
 from core.features.attachments.documents import (
     MAX_DOCX_PARTS,
+    read_document,
+)
+from core.features.attachments.formats import (
     MIB,
     Document,
     DocumentLimits,
@@ -27,7 +30,6 @@ from core.features.attachments.documents import (
     check_size,
     document_block,
     kind_of,
-    read_document,
 )
 
 LIMITS = DocumentLimits()

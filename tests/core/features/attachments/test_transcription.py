@@ -330,8 +330,8 @@ async def test_a_file_larger_than_the_limit_is_not_sent(
     assert error.reason is Failure.TOO_LARGE
     size = f"{len(note) / 1024:.1f}".removesuffix(".0")
     assert str(error) == (
-        f"I could not transcribe your voice note: it is {size} KiB, and I take files up to "
-        "4 KiB ([transcription].max_bytes)"
+        f"I could not transcribe your voice note: it is {size} KB, and I take files up to "
+        "4 KB ([transcription].max_bytes)"
     )
     assert fake.uploads == []
 
