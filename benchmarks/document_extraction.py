@@ -9,7 +9,10 @@ the same bytes, in one run:
   reads all 100 pages as the baseline does; its ratio to the baseline is Kaiwa's own cost
   (page markers, caps, the checks), which should be close to 1;
 - `Kaiwa, defaults`: `read_document` with `DocumentLimits()` as they are, which stops at
-  `max_chars` (60,000 characters, about page 23): what reading such a PDF costs Kaiwa as shipped;
+  `max_chars` (60,000 characters, about page 23): the reading Kaiwa does as shipped;
+- `Kaiwa as shipped, apart`: the same read as a turn makes it, `read_apart`, in a process of
+  its own (a Python start, the reader's imports, the read, its answer as JSON): what a person
+  sending such a PDF waits for, and its cost over `Kaiwa, defaults` is the isolation's;
 - `pypdf opening`: `PdfReader` and the page count, no text, for information: the floor.
 
 Time: the sides alternate round by round (`--rounds`, after one warm-up each), and the table
@@ -17,7 +20,9 @@ gives each side's median and fastest round and its ratio to the baseline's media
 second pass: tracemalloc's peak during one read of each side (Python's allocations, where
 pypdf, pure Python, does its work), and each side's peak RSS growth in a fresh child process of
 its own (this script with `--child`: its resident size just before the read, against the peak
-after it, so the imports are not counted), which is what the machine sees.
+after it, so the imports are not counted), which is what the machine sees; for the side read
+apart, also the reading process's own peak RSS (imports included: it is all that process), while
+Kaiwa's process itself grows by almost nothing.
 
 Run from the repository root:
     .venv/bin/python benchmarks/document_extraction.py [--rounds 7] [--pages 100]
@@ -29,9 +34,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
+import asyncio
 import io
 import json
 import random
+import resource
 import subprocess
 import tempfile
 import time
@@ -42,6 +49,7 @@ import pypdf
 from fpdf import FPDF
 
 from benchmarks import _common as bench
+from core.features.attachments.apart import read_apart
 from core.features.attachments.documents import read_document
 from core.features.attachments.formats import MIB, DocumentLimits
 
@@ -61,6 +69,9 @@ SIDES: dict[str, Callable[[bytes], object]] = {
     ),
     "Kaiwa, every page": lambda data: read_document("report.pdf", data, None, EVERY_PAGE),
     "Kaiwa, defaults": lambda data: read_document("report.pdf", data, None, DocumentLimits()),
+    "Kaiwa as shipped, apart": lambda data: asyncio.run(
+        read_apart("report.pdf", data, None, DocumentLimits())
+    ),
     "pypdf opening": lambda data: len(pypdf.PdfReader(io.BytesIO(data)).pages),
 }
 
@@ -105,18 +116,21 @@ def traced_peak(data: bytes, side: str) -> int:
         tracemalloc.stop()
 
 
-def rss_growth(path: Path, side: str) -> float:
-    """MiB a fresh process's peak RSS grew by during one read of `side`."""
+def rss_growth(path: Path, side: str) -> tuple[float, float]:
+    """MiB a fresh process's peak RSS grew by during one read of `side`, and the peak RSS of
+    the process it read in, if it started one (0 if not)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child", side, str(path)]
     finished = subprocess.run(command, capture_output=True, check=True, timeout=600)
-    return json.loads(finished.stdout)["grew_mib"]
+    grown = json.loads(finished.stdout)
+    return grown["grew_mib"], grown["reader_mib"]
 
 
 def child(side: str, path: Path) -> None:
     data = path.read_bytes()
     before = bench.current_rss_mib()
     SIDES[side](data)
-    print(json.dumps({"grew_mib": bench.peak_rss_mib() - before}))
+    reader = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
+    print(json.dumps({"grew_mib": bench.peak_rss_mib() - before, "reader_mib": reader}))
 
 
 def main() -> None:
@@ -150,19 +164,36 @@ def main() -> None:
             bench.ms(min(times[side])),
             f"{bench.median(times[side]) / base:.3f}x",
             f"{traced[side] / MIB:.1f} MiB",
-            f"{grown[side]:.1f} MiB",
+            f"{grown[side][0]:.1f} MiB",
+            f"{grown[side][1]:.1f} MiB" if grown[side][1] else "-",
         ]
         for side in SIDES
     ]
     bench.print_table(
         f"document extraction: {args.rounds} reads per side, alternating (after one warm-up)",
-        ["side", "median", "fastest", "vs pypdf alone", "tracemalloc peak", "peak RSS growth"],
+        [
+            "side",
+            "median",
+            "fastest",
+            "vs pypdf alone",
+            "tracemalloc peak",
+            "peak RSS growth",
+            "reader's peak RSS",
+        ],
         rows,
     )
     kaiwa = bench.median(times["Kaiwa, every page"])
     print(
         f"  Kaiwa's own cost over pypdf, every page read   {(kaiwa - base) * 1e3:+8.2f} ms  "
         f"{kaiwa / base - 1:+8.2%}   (info)"
+    )
+    shipped, apart = (
+        bench.median(times["Kaiwa, defaults"]),
+        bench.median(times["Kaiwa as shipped, apart"]),
+    )
+    print(
+        f"  reading apart, over reading in process         {(apart - shipped) * 1e3:+8.2f} ms  "
+        f"{apart / shipped - 1:+8.2%}   (info: the isolation's cost)"
     )
 
 
