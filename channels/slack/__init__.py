@@ -1,6 +1,6 @@
 """Slack: a conversation is a thread.
 
-One adapter in five modules, one concern each, so that each can be read without the others:
+One adapter, its main modules one concern each, so that each can be read without the others:
 - `channel`: `SlackChannel` (and `SlackTokens`), what the core and `bot/app.py` see: starting
   (`kaiwa check`'s `problems`, who the bot is, the Socket Mode URL), receiving over Socket Mode
   or HTTP, stopping, and opening replies and notices;
@@ -8,6 +8,8 @@ One adapter in five modules, one concern each, so that each can be read without 
   channel;
 - `receiving`: a message event as a `ChannelMessage` (which messages are for the bot, in which
   thread);
+- `files`: the files of a message as attachments (pictures fetched), and their download with
+  the bot token;
 - `interactions`: the `/kaiwa` slash command and button presses as commands from the person who
   used them, a press answered to them alone;
 - `transport`: `SlackTransport`, how a reply shows (mrkdwn, Block Kit buttons, the working

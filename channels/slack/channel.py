@@ -27,7 +27,8 @@ while a new URL is asked for and set once the socket is up; a URL Slack will not
 Stopping closes the client at once, whatever it was doing, and cuts a rate limit's wait short.
 In HTTP mode a body that cannot be read gets 400 (Slack retries a 5xx).
 
-Replies and notices go out through `channels.slack.transport`.
+Replies and notices go out through `channels.slack.transport`; the files people attach are
+fetched through `channels.slack.files` (`download`).
 """
 
 import asyncio
@@ -63,6 +64,7 @@ from channels.rendering import (
     send_notice,
 )
 from channels.settings import SlackSettings
+from channels.slack.files import SlackFiles
 from channels.slack.interactions import (
     PRESSES,
     Unoffered,
@@ -77,7 +79,7 @@ from channels.slack.refusals import Refusal
 from channels.slack.socket_mode import PING_SECONDS, KeptUrl, SocketClient, serve_socket_mode
 from channels.slack.transport import OnlyIdempotentRetries, SlackTransport
 from channels.throttled_log import ThrottledLog
-from core.channel import Button, ChannelTraits, Deliver, OnPost, Reply
+from core.channel import Attachment, Button, ChannelTraits, Deliver, OnPost, Reply
 from core.errors import ChannelError, StoreError
 from core.metrics import PLATFORM_API_ERRORS, PLATFORM_RATE_LIMITS
 
@@ -139,7 +141,8 @@ class SlackChannel(ConnectionState):
         self._render = RenderSettings.of(settings)
         self.web_client = self._web_client(tokens.bot)
         self._names = DisplayNames(self.web_client)
-        self._messages = Messages(settings, self.web_client, self._names)
+        self._files = SlackFiles(tokens.bot, settings.api_url)
+        self._messages = Messages(settings, self.web_client, self._names, self._files)
         self._app = AsyncApp(
             client=self._web_client(None),  # bolt's requests carry the token `_authorized` gives
             authorize=_KnownBot(self._messages, tokens.bot),
@@ -214,6 +217,10 @@ class SlackChannel(ConnectionState):
 
     async def stop_receiving(self) -> None:
         self._stopping.set()
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        """An attached file's bytes (`core.channel.Files`), fetched with the bot token."""
+        return await self._files.download(attachment, limit)
 
     async def open_for_sending(self) -> None:
         """The Web API needs nothing opened: each call opens its own session."""

@@ -15,6 +15,11 @@ Which messages are ours, and where they belong:
   `answer_bots`).
 - An event names its author by member id alone: the name people know them by comes from
   `channels.slack.names` (another bot's from the event itself).
+- Files come with the message (`file_share`, or `files` on a plain message): its pictures
+  fetched, its other files described (`channels.slack.files`). A message of files alone, with
+  no words, is a message all the same. The pictures are fetched before the event is
+  acknowledged, so a slow one may make Slack deliver the event again: the same message, which
+  the dispatcher answers once.
 
 Who the bot is (`who_am_i`: its user and bot ids, from `auth.test`) is asked once, before the
 first event is read.
@@ -32,6 +37,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.places import SlackPlace
 from channels.presses import without_mention
 from channels.settings import SlackSettings
+from channels.slack.files import SlackFiles
 from channels.slack.names import DisplayNames
 from core.channel import ChannelMessage
 
@@ -59,11 +65,16 @@ class Messages:
     """The message events of one bot's workspace, read as the dispatcher's messages."""
 
     def __init__(
-        self, settings: SlackSettings, client: AsyncWebClient, names: DisplayNames
+        self,
+        settings: SlackSettings,
+        client: AsyncWebClient,
+        names: DisplayNames,
+        files: SlackFiles,
     ) -> None:
         self._settings = settings
         self._client = client
         self._names = names
+        self._files = files
         self.identity: Identity | None = None
         """Who the bot is, once `who_am_i` has asked."""
         self._threads: dict[tuple[str, str], bool] = {}
@@ -86,6 +97,7 @@ class Messages:
             return None
         self._threads[(where.channel, where.thread)] = True
         text, _ = without_mention(event.get("text", ""), self._mention())
+        images, attachments = await self._files.of_message(_files(event))
         return ChannelMessage(
             platform=SlackPlace.platform,
             place=where.key,
@@ -95,6 +107,8 @@ class Messages:
             text=text,
             room=event["channel"],
             redeliverable=_retry_number(request) < LAST_RETRY,
+            images=images,
+            attachments=attachments,
         )
 
     def _is_from_a_person(self, event: dict[str, Any]) -> bool:
@@ -144,6 +158,12 @@ class Messages:
         """The bot's mention, with the blanks around it."""
         mention = f"<@{(self.identity or Identity()).user_id}>"
         return re.compile(rf"[ \t]*{re.escape(mention)}[ \t]*")
+
+
+def _files(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """The file objects an event carries (none when it has no `files`, or an odd one)."""
+    files = event.get("files")
+    return [file for file in files if isinstance(file, dict)] if isinstance(files, list) else []
 
 
 def _retry_number(request: AsyncBoltRequest) -> int:

@@ -40,6 +40,16 @@ Slack when the app subscribes to message events (``echo_bot_messages=False`` tur
 What the bot did is recorded as ``calls`` and as ``posted`` messages and ``reactions``;
 ``wait_until`` re-checks a condition on every call, envelope, ack and connection, so tests wait
 on what happened instead of sleeping. ``close()`` closes the websockets before stopping the server.
+
+Files: ``share`` is a person's message with files (``Upload``: bytes, name, media type, and for
+an audio clip recorded in Slack ``audio_clip`` and ``duration_ms``), a ``file_share`` message
+event whose ``files`` are Slack's file objects (``files_in`` reads them back). Their bytes are
+served where the objects say, on Slack's paths (``/files-pri/<team>-<file id>/<name>`` and
+``.../download/<name>``), to a request carrying ``Authorization: Bearer <bot token>`` while the
+app has the files:read scope (``files_read_scope``). Any other request is answered as Slack
+answers it: a redirect to the workspace's sign-in page, HTML with HTTP 200, never an error
+status; a file never shared, or deleted (``delete_file``), is a 404. Each request is recorded in
+``downloads``.
 """
 
 from __future__ import annotations
@@ -56,7 +66,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Self
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -79,8 +89,51 @@ RECOMMENDED_TEXT_CHARS = 4_000  # Slack's advice for message text; not enforced
 MAX_BLOCKS = 50
 MAX_SECTION_TEXT = 3_000
 MAX_HEADER_TEXT = 150
+SIGN_IN_PAGE = (
+    "<!DOCTYPE html><html><head><title>Slack</title></head><body>"
+    '<h1>Sign in to Test</h1><form action="/signin" method="post"></form></body></html>'
+)
+"""What Slack answers a file request it will not serve: its sign-in page, not an error."""
+FILE_CHUNK = 64 * 1024
 
 _Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file a person attaches to a message: its bytes, name and media type (``mimetype``,
+    which Slack leaves empty when it cannot tell: ``""``). ``audio_clip``: recorded in Slack
+    (a file of ``subtype: "slack_audio"``, ``duration_ms`` long). ``declared_size`` is the
+    ``size`` its file object claims (the content's length unless given), and ``chunked``
+    serves it without a Content-Length, as a stream: together, a file that turns out larger
+    than said."""
+
+    content: bytes
+    name: str
+    mimetype: str
+    audio_clip: bool = False
+    duration_ms: int | None = None
+    title: str = ""
+    declared_size: int | None = None
+    chunked: bool = False
+
+
+@dataclass(frozen=True)
+class FileDownload:
+    """One request for a file's bytes: which file (``""`` for an unknown path), the token it
+    carried (None without one), and the HTTP status answered (302 for the sign-in redirect)."""
+
+    file_id: str
+    path: str
+    token: str | None
+    status: int
+
+
+@dataclass
+class _SharedFile:
+    upload: Upload
+    object: _Json
+    deleted: bool = False
 
 
 @dataclass(frozen=True)
@@ -343,6 +396,13 @@ class FakeSlack:
         self._people: dict[str, tuple[str, str, str]] = {}  # id -> name, display, real name
         self._hang_ups: Counter[str] = Counter()  # method -> calls whose answer never comes
         self._cut_short: Counter[str] = Counter()  # method -> calls cut before taking effect
+        self._files: dict[str, _SharedFile] = {}  # file id -> what was shared
+        self._file_ids = itertools.count(1)
+        self.files_read_scope = True
+        """The app has the files:read scope; while False, every file request is redirected to
+        the sign-in page, however good its token, as Slack answers an app without it."""
+        self.downloads: list[FileDownload] = []
+        """Every request for a file's bytes, in order."""
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -372,6 +432,9 @@ class FakeSlack:
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_get("/socket", self._socket)
         app.router.add_post("/response/{envelope_id}", self._response_url)
+        app.router.add_get("/files-pri/{team_file}/download/{name}", self._file)
+        app.router.add_get("/files-pri/{team_file}/{name}", self._file)
+        app.router.add_get("/", self._sign_in_page)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", port).start()
@@ -440,6 +503,40 @@ class FakeSlack:
     def dm(self, channel: str, text: str, *, user: str = "U1", thread_ts: str | None = None) -> str:
         """A direct message to the bot (``channel_type`` "im", channel like "D1")."""
         return self.message(channel, text, user=user, thread_ts=thread_ts, channel_type="im")
+
+    def share(
+        self,
+        channel: str,
+        *uploads: Upload,
+        text: str = "",
+        user: str = "U1",
+        thread_ts: str | None = None,
+        mention: bool = False,
+    ) -> str:
+        """A person's message with files, ``text`` its words (empty: the files alone): a
+        ``message`` event of ``subtype: "file_share"`` carrying ``files``, in a DM when
+        ``channel`` starts with "D". With ``mention`` the text starts with the bot's mention,
+        and an ``app_mention`` (with the same files) comes first, as for ``mention``. Returns
+        the message's ts."""
+        ts = self._new_ts()
+        words = f"<@{BOT_USER}> {text}".rstrip() if mention else text
+        event = self._person_event(channel, words, user, ts, thread_ts, _channel_type(channel))
+        files = [self._shared(upload, user, ts) for upload in uploads]
+        event.update(subtype="file_share", files=files, upload=False, display_as_bot=False)
+        self._remember(channel, event)
+        if mention:
+            said = {k: v for k, v in event.items() if k not in ("channel_type", "subtype")}
+            self._emit_event({**said, "type": "app_mention"})
+        self._emit_event(event)
+        return ts
+
+    def files_in(self, channel: str, ts: str) -> list[_Json]:
+        """The file objects of a message, as its event carried them."""
+        return [dict(file) for file in self._messages[channel][ts].get("files", [])]
+
+    def delete_file(self, file_id: str) -> None:
+        """The file is deleted: its addresses answer 404 from now on."""
+        self._files[file_id].deleted = True
 
     def bot_message(
         self,
@@ -1099,6 +1196,90 @@ class FakeSlack:
         self.responses.append(ResponseUrlPost(request.match_info["envelope_id"], body))
         self._notify()
         return web.json_response({"ok": True})
+
+    # --- files ---
+
+    def _shared(self, upload: Upload, user: str, ts: str) -> _Json:
+        """A file object as Slack puts it in a message event, its bytes kept to be served."""
+        file_id = f"F{next(self._file_ids):08d}"
+        name = quote(upload.name, safe="")
+        base = f"{self.url}/files-pri/{TEAM}-{file_id}"
+        created = int(float(ts))
+        filetype = upload.name.rpartition(".")[2].lower() if "." in upload.name else "binary"
+        file: _Json = {
+            "id": file_id,
+            "created": created,
+            "timestamp": created,
+            "name": upload.name,
+            "title": upload.title or upload.name,
+            "mimetype": upload.mimetype,
+            "filetype": filetype,
+            "pretty_type": filetype.upper(),
+            "user": user,
+            "user_team": TEAM,
+            "editable": False,
+            "size": len(upload.content) if upload.declared_size is None else upload.declared_size,
+            "mode": "hosted",
+            "is_external": False,
+            "external_type": "",
+            "is_public": False,
+            "public_url_shared": False,
+            "display_as_bot": False,
+            "username": "",
+            "url_private": f"{base}/{name}",
+            "url_private_download": f"{base}/download/{name}",
+            "permalink": f"https://test.slack.com/files/{user}/{file_id}/{name}",
+            "permalink_public": f"https://slack-files.com/{TEAM}-{file_id}-0000000000",
+            "has_rich_preview": False,
+            "file_access": "visible",
+        }
+        if upload.audio_clip:
+            file.update(subtype="slack_audio", media_display_type="audio")
+            if upload.duration_ms is not None:
+                file["duration_ms"] = upload.duration_ms
+        self._files[file_id] = _SharedFile(upload, file)
+        return file
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        """A file's bytes for the bot token (with files:read), else Slack's sign-in redirect;
+        404 for a file never shared or deleted."""
+        team, _, file_id = request.match_info["team_file"].partition("-")
+        shared = self._files.get(file_id) if team == TEAM else None
+        header = request.headers.get("Authorization", "")
+        token = header[7:].strip() if header.lower().startswith("bearer ") else None
+        if shared is None or shared.deleted:
+            self._downloaded(FileDownload("", request.path, token, 404))
+            return web.Response(status=404, text="file_not_found")
+        if token != self.bot_token or not self.files_read_scope:
+            self._downloaded(FileDownload(file_id, request.path, token, 302))
+            raise web.HTTPFound(f"/?redir={quote(request.path, safe='')}")
+        self._downloaded(FileDownload(file_id, request.path, token, 200))
+        return await self._served(request, shared.upload)
+
+    async def _served(self, request: web.Request, upload: Upload) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": upload.mimetype or "application/octet-stream",
+                "Content-Disposition": f"attachment; filename*=UTF-8''{quote(upload.name)}",
+            }
+        )
+        if not upload.chunked:
+            response.content_length = len(upload.content)
+        await response.prepare(request)
+        try:
+            for start in range(0, len(upload.content), FILE_CHUNK):
+                await response.write(upload.content[start : start + FILE_CHUNK])
+            await response.write_eof()
+        except ConnectionResetError:  # the client stopped reading: it had enough
+            pass
+        return response
+
+    async def _sign_in_page(self, request: web.Request) -> web.Response:
+        return web.Response(text=SIGN_IN_PAGE, content_type="text/html")
+
+    def _downloaded(self, download: FileDownload) -> None:
+        self.downloads.append(download)
+        self._notify()
 
     # --- the websocket ---
 

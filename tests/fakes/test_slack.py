@@ -25,6 +25,10 @@ What the real libraries do against it, as these tests pin down:
   ``app.action(action_id)`` listener. ``chat_update`` without ``blocks`` sends none (slack_sdk
   drops None values), while ``blocks=[]`` is sent as an empty list: the only way to take a
   message's blocks away.
+- bolt's ``app.event("message")`` takes a ``file_share`` message as any other (it filters no
+  subtype), its file objects in ``files``. A file's bytes come to aiohttp with the bot token in
+  ``Authorization: Bearer``; without it, or without the files:read scope, the request ends, after
+  one redirect, on an HTML sign-in page with HTTP 200, as on Slack.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from .slack import (
     TEAM,
     Ephemeral,
     FakeSlack,
+    Upload,
 )
 
 LIBRARY_SECONDS = deadline()
@@ -1049,3 +1054,137 @@ async def test_a_payload_is_delivered_as_given(fake: FakeSlack, make_bolt: MakeB
     envelope_id = fake.deliver("interactive", sample)
     await fake.wait_until(lambda: envelope_id in fake.acked)
     assert shortcuts == [sample]
+
+
+# --- files ---
+
+PDF = Upload(b"%PDF-1.4 a small document", "report.pdf", "application/pdf")
+CLIP = Upload(b"OggS a clip", "audio_message.webm", "audio/webm", audio_clip=True, duration_ms=4200)
+
+
+async def fetch(url: str, token: str | None = BOT_TOKEN) -> tuple[int, str, bytes, int]:
+    """A GET as a bot fetches a file: status, content type, body, and redirects followed."""
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, headers=headers) as response,
+    ):
+        body = await within(response.read())
+        return response.status, response.content_type, body, len(response.history)
+
+
+async def test_a_shared_file_reaches_bolt_as_a_file_share_message(
+    fake: FakeSlack, make_bolt: MakeBolt
+):
+    app, handler = make_bolt()
+    seen: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    @app.event("message")
+    async def on_message(event: dict[str, Any]) -> None:
+        await seen.put(event)
+
+    await connect(fake, handler)
+    ts = fake.share("D1", PDF, CLIP, text="read this")
+    event = await within(seen.get())
+    assert (event["subtype"], event["ts"], event["text"], event["channel_type"]) == (
+        "file_share",
+        ts,
+        "read this",
+        "im",
+    )
+    pdf, clip = event["files"]
+    assert event["files"] == fake.files_in("D1", ts)
+    assert (pdf["name"], pdf["mimetype"], pdf["filetype"], pdf["size"]) == (
+        "report.pdf",
+        "application/pdf",
+        "pdf",
+        len(PDF.content),
+    )
+    assert pdf["url_private"] == f"{fake.url}/files-pri/{TEAM}-{pdf['id']}/report.pdf"
+    assert pdf["url_private_download"] == (
+        f"{fake.url}/files-pri/{TEAM}-{pdf['id']}/download/report.pdf"
+    )
+    assert "subtype" not in pdf and "duration_ms" not in pdf
+    assert (clip["subtype"], clip["duration_ms"], clip["mimetype"]) == (
+        "slack_audio",
+        4200,
+        "audio/webm",
+    )
+
+
+async def test_a_mention_with_files_comes_as_app_mention_and_message(
+    fake: FakeSlack, make_bolt: MakeBolt
+):
+    app, handler = make_bolt()
+    seen: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    @app.event("message")
+    async def on_message(event: dict[str, Any]) -> None:
+        await seen.put(event)
+
+    @app.event("app_mention")
+    async def on_mention(event: dict[str, Any]) -> None:
+        await seen.put(event)
+
+    await connect(fake, handler)
+    ts = fake.share("C1", PDF, mention=True)
+    mention, message = await within(seen.get()), await within(seen.get())
+    assert (mention["type"], message["type"], message["subtype"]) == (
+        "app_mention",
+        "message",
+        "file_share",
+    )
+    assert mention["text"] == message["text"] == f"<@{BOT_USER}>"
+    assert mention["files"] == message["files"] == fake.files_in("C1", ts)
+
+
+async def test_a_file_is_served_on_both_its_addresses_for_the_bot_token(fake: FakeSlack):
+    ts = fake.share("D1", PDF)
+    (file,) = fake.files_in("D1", ts)
+    for url in (file["url_private"], file["url_private_download"]):
+        assert await fetch(url) == (200, "application/pdf", PDF.content, 0)
+    assert [(d.file_id, d.token, d.status) for d in fake.downloads] == [
+        (file["id"], BOT_TOKEN, 200)
+    ] * 2
+
+
+async def test_a_refused_file_request_ends_on_the_sign_in_page_with_200(fake: FakeSlack):
+    """Slack's way of refusing: a redirect to HTML, never 401 or 403."""
+    ts = fake.share("D1", PDF)
+    (file,) = fake.files_in("D1", ts)
+    url = file["url_private_download"]
+    for token in (None, "xoxb-someone-else", APP_TOKEN):
+        status, content_type, body, redirects = await fetch(url, token)
+        assert (status, content_type, redirects) == (200, "text/html", 1)
+        assert b"Sign in" in body
+    fake.files_read_scope = False
+    status, content_type, body, _ = await fetch(url)
+    assert (status, content_type) == (200, "text/html") and b"Sign in" in body
+    assert [d.status for d in fake.downloads] == [302] * 4
+    fake.files_read_scope = True
+    assert (await fetch(url))[2] == PDF.content
+
+
+async def test_a_deleted_or_unknown_file_is_a_404(fake: FakeSlack):
+    ts = fake.share("D1", PDF)
+    (file,) = fake.files_in("D1", ts)
+    fake.delete_file(file["id"])
+    assert (await fetch(file["url_private_download"]))[0] == 404
+    assert (await fetch(f"{fake.url}/files-pri/{TEAM}-F99999999/download/x.pdf"))[0] == 404
+    assert [d.file_id for d in fake.downloads] == ["", ""]
+
+
+async def test_a_file_can_claim_a_smaller_size_and_stream_without_a_length(fake: FakeSlack):
+    content = bytes(range(256)) * 1024
+    ts = fake.share("D1", Upload(content, "big.bin", "", declared_size=10, chunked=True))
+    (file,) = fake.files_in("D1", ts)
+    assert (file["size"], file["mimetype"], file["filetype"]) == (10, "", "bin")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            file["url_private_download"], headers={"Authorization": f"Bearer {BOT_TOKEN}"}
+        ) as response,
+    ):
+        assert response.content_length is None
+        assert response.content_type == "application/octet-stream"
+        assert await within(response.read()) == content
