@@ -39,6 +39,14 @@ def clean_all(value: Any) -> Any:
     return value
 
 
+def size_in_words(count: int) -> str:
+    """A size as people say it: 31 MB, 203.5 KB, 900 bytes (MB and KB of 1,024)."""
+    for unit, scale in (("MB", 1024 * 1024), ("KB", 1024)):
+        if count >= scale:
+            return f"{count / scale:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{count} bytes"
+
+
 def plural(count: int, one: str, many: str | None = None) -> str:
     """`one` or `many` (`one` + "s" unless given) as `count` asks: 1 reply, 2 replies."""
     return one if count == 1 else many or f"{one}s"

@@ -33,6 +33,7 @@ import aiohttp
 
 from core.channel import Attachment, AttachmentKind
 from core.errors import DownloadError
+from core.text import size_in_words
 
 logger = logging.getLogger(__name__)
 
@@ -181,16 +182,8 @@ async def _capped(response: aiohttp.ClientResponse, name: str, limit: int) -> by
 
 
 def _too_large(name: str, limit: int, size: int | None = None) -> str:
-    what = f"{name} is {_size(size)}, " if size is not None else f"{name} is "
-    return f"{what}larger than the {_size(limit)} Kaiwa downloads"
-
-
-def _size(count: int) -> str:
-    """A size as people say it: 31 MB, 203.5 KB, 900 bytes (MB and KB of 1,024)."""
-    for unit, scale in (("MB", MIB), ("KB", 1024)):
-        if count >= scale:
-            return f"{count / scale:.1f}".removesuffix(".0") + f" {unit}"
-    return f"{count} bytes"
+    what = f"{name} is {size_in_words(size)}, " if size is not None else f"{name} is "
+    return f"{what}larger than the {size_in_words(limit)} Kaiwa downloads"
 
 
 def _kind(file: _File) -> AttachmentKind:

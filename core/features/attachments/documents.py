@@ -48,8 +48,8 @@ from core.features.attachments.formats import (
     cannot_read,
     check_size,
     kind_of,
-    size_in_words,
 )
+from core.text import size_in_words
 
 MAX_DOCX_PARTS = 10_000
 """Files inside a DOCX at most: Word writes a few dozen, a few hundred with many pictures."""

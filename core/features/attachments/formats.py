@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from core.text import size_in_words
+
 MIB = 1024 * 1024
 
 
@@ -172,11 +174,3 @@ def cannot_read(name: str, media_type: str | None) -> str:
         what = f"{name}: it has no extension that says what it is"
     fix = SAVE_AS.get(suffix)
     return f"Kaiwa cannot read {what}; it reads {READS}" + (f". To send it, {fix}" if fix else "")
-
-
-def size_in_words(count: int) -> str:
-    """A size as people say it: 31 MB, 203.5 KB, 900 bytes (MB and KB of 1,024)."""
-    for unit, scale in (("MB", MIB), ("KB", 1024)):
-        if count >= scale:
-            return f"{count / scale:.1f}".removesuffix(".0") + f" {unit}"
-    return f"{count} bytes"

@@ -37,8 +37,7 @@ from typing import Any
 import httpx
 
 from core.errors import KaiwaError
-from core.features.attachments.formats import size_in_words
-from core.text import clean
+from core.text import clean, size_in_words
 
 logger = logging.getLogger(__name__)
 
