@@ -8,7 +8,7 @@ few seconds: `ThrottledLog`) and let go, so the update is confirmed and never bl
 behind it. A message with nothing the bot can read (a sticker) is handed over with empty text,
 so the core can say what it takes; one with a file and no words is handed over with its file
 (`channels.telegram.files` says what a message's files are, and fetches its pictures). A
-caption is the message's text.
+caption is the message's text, and a mention of the bot in it counts as one in a text.
 
 A conversation is a chat: `telegram:<chat_id>`; `/new` starts a fresh one in the same chat. The
 platform id used for deduplication is `<chat_id>:<message_id>` (message ids are per chat), so an
@@ -93,7 +93,12 @@ class Updates:
         if not self._settings.groups:
             return None
         mention = f"@{self._bot.username}"
-        mentioned = mention in message.parse_entities([MessageEntity.MENTION]).values()
+        mentions = (
+            message.parse_caption_entities([MessageEntity.MENTION])
+            if message.caption
+            else message.parse_entities([MessageEntity.MENTION])
+        )
+        mentioned = mention in mentions.values()
         replied = message.reply_to_message is not None and (
             message.reply_to_message.from_user is not None
             and message.reply_to_message.from_user.id == self._bot.id

@@ -675,3 +675,23 @@ async def test_a_redelivered_file_arrives_with_the_same_attachments() -> None:
     first, again = messages
     assert first.message_id == again.message_id
     assert first.attachments == again.attachments and first.attachments
+
+
+async def test_in_a_group_a_file_is_for_the_bot_when_its_caption_mentions_it() -> None:
+    entity = {"type": "mention", "offset": 0, "length": len(MENTION)}
+    async with FakeTelegram() as fake, listening(fake, groups=True) as (_, messages):
+        fake.user_file(GROUP, b"a,b", name="plain.csv", user_id=ANN, chat_type="group")
+        fake.user_file(
+            GROUP,
+            b"a,b",
+            name="for-the-bot.csv",
+            user_id=ANN,
+            chat_type="group",
+            caption=f"{MENTION} sum column b",
+            caption_entities=[entity],
+        )
+        last = fake.user_file(GROUP, b"", kind="voice", seconds=1, user_id=BOB, chat_type="group")
+        await fake.wait_until(lambda: fake.confirmed_offset > last["update_id"], what="all read")
+    (message,) = messages
+    assert message.text == "sum column b"
+    assert [attachment.name for attachment in message.attachments] == ["for-the-bot.csv"]
