@@ -22,7 +22,8 @@ returns at once and the poll itself ends when Telegram answers it or `close` shu
 connections. `connected` follows the polls: cleared, with `problem` saying why, while Telegram
 cannot be reached; `run` can be called again after it raised.
 
-Replies and notices go out through `channels.telegram.transport`.
+Replies and notices go out through `channels.telegram.transport`; attached files are fetched
+through `channels.telegram.files`.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ from channels.rendering import (
     send_notice,
 )
 from channels.settings import TelegramSettings
+from channels.telegram.files import TelegramFiles
 from channels.telegram.receiving import Updates
 from channels.telegram.transport import TelegramTransport, retry_seconds
-from core.channel import COMMANDS, Button, ChannelTraits, Deliver, OnPost, Reply
+from core.channel import COMMANDS, Attachment, Button, ChannelTraits, Deliver, OnPost, Reply
 from core.errors import ChannelError, StoreError
 from core.metrics import PLATFORM_API_ERRORS, PLATFORM_RATE_LIMITS
 
@@ -99,7 +101,8 @@ class TelegramChannel(ConnectionState):
             request=HTTPXRequest(connection_pool_size=connection_pool_size),
             get_updates_request=self._updates_request,
         )
-        self._updates = Updates(self._bot, settings)
+        self._files = TelegramFiles(self._bot, settings)
+        self._updates = Updates(self._bot, settings, self._files)
         self._stopping = asyncio.Event()
         self._offset: int | None = None
         """The first update not yet confirmed to Telegram (None: none seen yet)."""
@@ -143,8 +146,16 @@ class TelegramChannel(ConnectionState):
     async def close(self) -> None:
         """Close the connections; a long poll still in flight ends with them."""
         await self._bot.shutdown()
+        # `shutdown` skips a bot never initialized, whose connections a download may have used
+        await self._bot.request.shutdown()
+        await self._files.close()
         if self._fetch is not None:
             await asyncio.gather(self._fetch, return_exceptions=True)
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        """`core.channel.Files.download`: an attached file by its file id
+        (`channels.telegram.files`)."""
+        return await self._files.download(attachment, limit)
 
     def open_reply(
         self,

@@ -5,8 +5,10 @@ that one update python-telegram-bot cannot parse fails only itself: `Updates.rec
 `StoreError` alone (the message could not be recorded, and the update is fetched again), and
 anything else wrong with an update is logged in one line with its id (at most one such line every
 few seconds: `ThrottledLog`) and let go, so the update is confirmed and never blocks the ones
-behind it. A message with nothing the bot can read (a sticker, a voice note) is handed over with
-empty text, so the core can say what it takes.
+behind it. A message with nothing the bot can read (a sticker) is handed over with empty text,
+so the core can say what it takes; one with a file and no words is handed over with its file
+(`channels.telegram.files` says what a message's files are, and fetches its pictures). A
+caption is the message's text, and a mention of the bot in it counts as one in a text.
 
 A conversation is a chat: `telegram:<chat_id>`; `/new` starts a fresh one in the same chat. The
 platform id used for deduplication is `<chat_id>:<message_id>` (message ids are per chat), so an
@@ -23,6 +25,7 @@ from telegram.constants import ChatType
 
 from channels.places import TelegramPlace
 from channels.settings import TelegramSettings
+from channels.telegram.files import TelegramFiles, attachments_of
 from channels.telegram.interactions import Presses
 from channels.throttled_log import ThrottledLog
 from core.channel import ChannelMessage, Deliver
@@ -34,9 +37,10 @@ logger = logging.getLogger(__name__)
 class Updates:
     """One bot's updates, each handed to the dispatcher: a message, or a press (`Presses`)."""
 
-    def __init__(self, bot: Bot, settings: TelegramSettings) -> None:
+    def __init__(self, bot: Bot, settings: TelegramSettings, files: TelegramFiles) -> None:
         self._bot = bot
         self._settings = settings
+        self._files = files
         self._presses = Presses(bot, settings)
         self._unreadable = ThrottledLog(logger)
 
@@ -66,6 +70,7 @@ class Updates:
         text = self._addressed_text(message)
         if text is None:
             return
+        images, attachments = await self._files.pictures(attachments_of(message))
         await deliver(
             ChannelMessage(
                 platform=TelegramPlace.platform,
@@ -74,8 +79,9 @@ class Updates:
                 author_id=str(message.from_user.id),
                 author_name=message.from_user.full_name,
                 text=text,
-                images=await self._images(message),
+                images=images,
                 redeliverable=True,
+                attachments=attachments,
             )
         )
 
@@ -87,7 +93,12 @@ class Updates:
         if not self._settings.groups:
             return None
         mention = f"@{self._bot.username}"
-        mentioned = mention in message.parse_entities([MessageEntity.MENTION]).values()
+        mentions = (
+            message.parse_caption_entities([MessageEntity.MENTION])
+            if message.caption
+            else message.parse_entities([MessageEntity.MENTION])
+        )
+        mentioned = mention in mentions.values()
         replied = message.reply_to_message is not None and (
             message.reply_to_message.from_user is not None
             and message.reply_to_message.from_user.id == self._bot.id
@@ -95,10 +106,3 @@ class Updates:
         if not (mentioned or replied):
             return None
         return " ".join(text.replace(mention, " ").split())
-
-    async def _images(self, message: Message) -> tuple[bytes, ...]:
-        if not message.photo:
-            return ()
-        largest = max(message.photo, key=lambda size: size.width * size.height)
-        file = await largest.get_file()
-        return (bytes(await file.download_as_bytearray()),)

@@ -3,27 +3,33 @@ python-telegram-bot against the fake Bot API and the fake Ollama."""
 
 import asyncio
 import base64
+import contextlib
 import socket
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from fpdf import FPDF
 
 from channels.places import TelegramPlace
 from channels.presses import STOP, payload
 from channels.rendering import PlatformError
 from channels.settings import TelegramSettings
 from channels.telegram.channel import TelegramChannel
-from core.channel import COMMANDS, ChannelMessage, Frame, Outcome
-from core.errors import ChannelError
+from core.channel import COMMANDS, Attachment, AttachmentKind, ChannelMessage, Frame, Outcome
+from core.errors import ChannelError, DownloadError
 from core.store import Store
 from tests.channels.platforms import ALLOWED, ANN, BOB, MALLORY, running, telegram_platform
 from tests.databases import IMPATIENT, Outage, open_store
 from tests.fakes.ollama import Pause, Text
 from tests.fakes.patience import deadline
 from tests.fakes.telegram import BOT_TOKEN, QUERY_GONE, FakeTelegram
+from tests.fakes.voice import spoken_note
 from tests.harness import BotFactory
 
 GROUP = -100500
+MIB = 1024 * 1024
 MENTION = "@kaiwa_test_bot"
 
 
@@ -430,3 +436,262 @@ async def test_webhook_mode_answers_posted_updates_and_refuses_a_wrong_secret(
     assert fake.webhook == {"url": "https://kaiwa.example/telegram", "secret": "s3cret"}
     assert (forged, accepted, again) == (401, 200, 200)
     assert len(bot.ollama.requests) == 1, "answered once"
+
+
+# --- files people attach ---
+
+
+@contextlib.asynccontextmanager
+async def listening(
+    fake: FakeTelegram, token: str = BOT_TOKEN, **settings: Any
+) -> AsyncIterator[tuple[TelegramChannel, list[ChannelMessage]]]:
+    """A Telegram channel receiving from `fake` into the list it yields (no core behind it)."""
+    channel = TelegramChannel(
+        TelegramSettings(
+            base_url=fake.base_url, base_file_url=fake.base_file_url, poll_timeout=1, **settings
+        ),
+        token,
+    )
+    messages: list[ChannelMessage] = []
+
+    async def deliver(message: ChannelMessage) -> None:
+        messages.append(message)
+
+    reading = asyncio.create_task(channel.run(deliver))
+    try:
+        yield channel, messages
+    finally:
+        await channel.stop_receiving()
+        await asyncio.wait_for(reading, deadline())
+        await channel.close()
+
+
+async def arrived(fake: FakeTelegram, messages: list[ChannelMessage], count: int) -> None:
+    await fake.wait_until(lambda: len(messages) == count, what=f"{count} messages delivered")
+
+
+def small_pdf() -> bytes:
+    document = FPDF()
+    document.set_font("helvetica", size=12)
+    document.add_page()
+    document.multi_cell(0, 6, "Section 3: the budget is 300 euros.")
+    return bytes(document.output())
+
+
+def file_id(update: dict[str, Any], kind: str) -> str:
+    return str(update["message"][kind]["file_id"])
+
+
+async def refused(
+    channel: TelegramChannel,
+    attachment: Attachment,
+    limit: int,
+    caplog: pytest.LogCaptureFixture,
+) -> str:
+    """What the download of `attachment` was refused with; the refusal is logged in one line,
+    and the bot token is in neither."""
+    caplog.clear()
+    with pytest.raises(DownloadError) as refusal:
+        await channel.download(attachment, limit)
+    (line,) = [record for record in caplog.records if "not downloaded" in record.getMessage()]
+    assert BOT_TOKEN not in str(refusal.value) and BOT_TOKEN not in line.getMessage()
+    assert BOT_TOKEN.split(":")[1] not in caplog.text
+    return str(refusal.value)
+
+
+async def test_each_kind_of_file_arrives_as_an_attachment_with_its_fields() -> None:
+    note = spoken_note("testing one two", seconds=2)
+    async with FakeTelegram() as fake, listening(fake) as (_, messages):
+        voice = fake.user_file(ANN, note, kind="voice", seconds=2)
+        circle = fake.user_file(ANN, b"mp4 circle", kind="video_note", seconds=9)
+        song = fake.user_file(
+            ANN, b"ID3 song", kind="audio", name="song.mp3", mime="audio/mpeg", seconds=61
+        )
+        report = fake.user_file(
+            ANN, b"%PDF report", name="report.pdf", mime="application/pdf", caption="section 3?"
+        )
+        notes = fake.user_file(ANN, b"# Notes", name="notes.md")  # no mime_type: inferred
+        await arrived(fake, messages, 5)
+
+    assert [m.text for m in messages] == ["", "", "", "section 3?", ""]
+    assert all(m.images == () for m in messages)
+    assert [m.attachments for m in messages] == [
+        (Attachment("voice note.ogg", "audio/ogg", file_id(voice, "voice"),
+                    AttachmentKind.VOICE, len(note), 2.0),),
+        (Attachment("video note.mp4", "video/mp4", file_id(circle, "video_note"),
+                    AttachmentKind.VOICE, 10, 9.0),),
+        (Attachment("song.mp3", "audio/mpeg", file_id(song, "audio"),
+                    AttachmentKind.AUDIO, 8, 61.0),),
+        (Attachment("report.pdf", "application/pdf", file_id(report, "document"),
+                    AttachmentKind.FILE, 11),),
+        (Attachment("notes.md", "text/markdown", file_id(notes, "document"),
+                    AttachmentKind.FILE, 7),),
+    ]  # fmt: skip
+
+
+async def test_a_voice_note_and_a_pdf_download_to_their_exact_bytes() -> None:
+    note, document = spoken_note("what does section three say", seconds=3), small_pdf()
+    async with FakeTelegram() as fake, listening(fake) as (channel, messages):
+        fake.user_file(ANN, note, kind="voice", seconds=3)
+        fake.user_file(ANN, document, name="budget.pdf", mime="application/pdf")
+        await arrived(fake, messages, 2)
+        (voice,), (pdf,) = [message.attachments for message in messages]
+        downloaded = [await channel.download(each, 20 * MIB) for each in (voice, pdf)]
+    assert downloaded == [note, document]
+    assert note.startswith(b"OggS") and document.startswith(b"%PDF")
+
+
+async def test_a_picture_sent_as_a_document_is_an_image_and_one_past_20_mb_is_said() -> None:
+    picture = b"\x89PNG\r\n\x1a\n not decoded"
+    async with FakeTelegram() as fake, listening(fake) as (_, messages):
+        fake.user_file(ANN, picture, name="chart.png", mime="image/png", caption="and this?")
+        huge = fake.user_file(ANN, b"...", name="scan.tiff", mime="image/tiff", file_size=25 * MIB)
+        await arrived(fake, messages, 2)
+    shown, too_big = messages
+    assert (shown.text, shown.images, shown.attachments) == ("and this?", (picture,), ())
+    assert too_big.images == ()
+    assert too_big.attachments == (
+        Attachment(
+            "scan.tiff",
+            "image/tiff",
+            file_id(huge, "document"),
+            size=25 * MIB,
+            unavailable="Telegram lets bots download files up to 20 MB, and scan.tiff is 25 MB: "
+            "send a smaller file, or a link to it",
+        ),
+    )
+    assert fake.downloaded == ["documents/file_1.png"], "the large one was never fetched"
+
+
+async def test_a_photo_that_cannot_be_fetched_arrives_saying_why() -> None:
+    async with FakeTelegram() as fake, listening(fake) as (_, messages):
+        fake.fail_next("getFile", status=502, description="Bad Gateway")
+        fake.user_photo(ANN, caption="look")
+        await arrived(fake, messages, 1)
+    ((photo,),) = [message.attachments for message in messages]
+    assert (messages[0].text, messages[0].images, photo.name) == ("look", (), "photo.jpg")
+    assert photo.unavailable.startswith("Kaiwa could not reach Telegram to fetch photo.jpg")
+
+
+async def test_a_file_past_the_bot_apis_20_mb_is_unavailable_and_never_asked_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    words = (
+        "Telegram lets bots download files up to 20 MB, and big.zip is 34.5 MB: send a smaller "
+        "file, or a link to it"
+    )
+    async with FakeTelegram() as fake, listening(fake) as (channel, messages):
+        update = fake.user_file(ANN, b"not all of it", name="big.zip", file_size=36_175_872)
+        await arrived(fake, messages, 1)
+        ((attachment,),) = [message.attachments for message in messages]
+        before = await refused(channel, attachment, 100 * MIB, caplog)
+        unstated = replace(attachment, size=None, unavailable="")  # Telegram's own refusal
+        after = await refused(channel, unstated, 100 * MIB, caplog)
+    assert attachment.unavailable == before == words
+    assert after == words.replace("is 34.5 MB", "is larger")
+    assert [call.params["file_id"] for call in fake.calls_to("getFile")] == [
+        file_id(update, "document")
+    ]
+    assert fake.calls_to("getFile")[0].error is not None
+
+
+async def test_past_the_limit_is_refused_before_or_while_downloading(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stated size past the limit is refused before anything is fetched; a file that runs
+    past it anyway (its size stated too small, or not at all) is given up while streaming."""
+    async with FakeTelegram() as fake, listening(fake) as (channel, messages):
+        fake.user_file(ANN, b"x" * 3000, name="log.txt", mime="text/plain")
+        fake.user_file(ANN, b"y" * 300_000, name="dump.txt", mime="text/plain", file_size=100)
+        await arrived(fake, messages, 2)
+        (stated,), (understated,) = [message.attachments for message in messages]
+        at_once = await refused(channel, stated, 2048, caplog)
+        asked = len(fake.calls_to("getFile"))
+        unknown = await refused(channel, replace(stated, size=None), 2048, caplog)
+        streamed = await refused(channel, understated, 64 * 1024, caplog)
+    assert at_once == "log.txt is 2.9 KB, larger than the 2 KB Kaiwa downloads"
+    assert asked == 0, "refused before getFile"
+    assert unknown == at_once, "getFile's file_size is checked too"
+    assert streamed == "dump.txt is larger than the 64 KB Kaiwa downloads"
+    assert fake.downloaded == ["documents/file_2.txt"], "only the understated one was fetched"
+
+
+async def test_a_file_telegram_no_longer_has_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    async with FakeTelegram() as fake, listening(fake) as (channel, messages):
+        update = fake.user_file(ANN, b"%PDF", name="old.pdf", mime="application/pdf")
+        await arrived(fake, messages, 1)
+        ((attachment,),) = [message.attachments for message in messages]
+        unknown_id = await refused(channel, replace(attachment, source="gone-id"), MIB, caplog)
+        fake.expire_file_path(file_id(update, "document"))
+        expired_path = await refused(channel, attachment, MIB, caplog)
+    assert unknown_id == expired_path == "Telegram no longer has old.pdf; send it again"
+
+
+async def test_a_token_telegram_refuses_is_named_to_fix(caplog: pytest.LogCaptureFixture) -> None:
+    async with FakeTelegram() as fake:
+        update = fake.user_file(ANN, b"%PDF", name="old.pdf", mime="application/pdf")
+        channel = channel_on(fake)
+        source = file_id(update, "document")
+        good = await channel.download(Attachment("old.pdf", "application/pdf", source), MIB)
+        await channel.close()
+        wrong = TelegramChannel(
+            TelegramSettings(base_url=fake.base_url, base_file_url=fake.base_file_url),
+            "123456:WRONG-token",
+        )
+        words = await refused(wrong, Attachment("old.pdf", "application/pdf", source), MIB, caplog)
+        await wrong.close()
+    assert good == b"%PDF"
+    assert words == (
+        "Telegram refused to hand over old.pdf: it does not accept Kaiwa's bot token. Whoever "
+        "runs Kaiwa should put the token @BotFather gave into $KAIWA_TELEGRAM_TOKEN"
+    )
+    assert "WRONG-token" not in caplog.text
+
+
+async def test_a_file_server_out_of_reach_is_said_without_the_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}/file/bot"
+    async with FakeTelegram() as fake:
+        update = fake.user_file(ANN, b"%PDF", name="far.pdf", mime="application/pdf")
+        channel = TelegramChannel(
+            TelegramSettings(base_url=fake.base_url, base_file_url=closed), BOT_TOKEN
+        )
+        attachment = Attachment("far.pdf", "application/pdf", file_id(update, "document"))
+        words = await refused(channel, attachment, MIB, caplog)
+        await channel.close()
+    assert words.startswith("Kaiwa could not reach Telegram to fetch far.pdf: send it again")
+    assert "ConnectError" in caplog.text
+
+
+async def test_a_redelivered_file_arrives_with_the_same_attachments() -> None:
+    async with FakeTelegram() as fake, listening(fake) as (_, messages):
+        update = fake.user_file(ANN, spoken_note("hello", seconds=1), kind="voice", seconds=1)
+        await arrived(fake, messages, 1)
+        fake.push_update({"message": dict(update["message"])})
+        await arrived(fake, messages, 2)
+    first, again = messages
+    assert first.message_id == again.message_id
+    assert first.attachments == again.attachments and first.attachments
+
+
+async def test_in_a_group_a_file_is_for_the_bot_when_its_caption_mentions_it() -> None:
+    entity = {"type": "mention", "offset": 0, "length": len(MENTION)}
+    async with FakeTelegram() as fake, listening(fake, groups=True) as (_, messages):
+        fake.user_file(GROUP, b"a,b", name="plain.csv", user_id=ANN, chat_type="group")
+        fake.user_file(
+            GROUP,
+            b"a,b",
+            name="for-the-bot.csv",
+            user_id=ANN,
+            chat_type="group",
+            caption=f"{MENTION} sum column b",
+            caption_entities=[entity],
+        )
+        last = fake.user_file(GROUP, b"", kind="voice", seconds=1, user_id=BOB, chat_type="group")
+        await fake.wait_until(lambda: fake.confirmed_offset > last["update_id"], what="all read")
+    (message,) = messages
+    assert message.text == "sum column b"
+    assert [attachment.name for attachment in message.attachments] == ["for-the-bot.csv"]

@@ -3,8 +3,13 @@
 Tests point the real python-telegram-bot (``telegram.Bot`` and ``telegram.ext.Application``)
 at this server through its ``base_url``/``base_file_url`` seam instead of mocking the library,
 so what the library sends, parses and raises is exactly what production code sees. People are
-simulated by queueing updates (``user_message``, ``user_photo``, ``push_update``); what the bot
-did is recorded as ``calls`` and, per chat, as ``sent`` messages with the text a person sees.
+simulated by queueing updates (``user_message``, ``user_photo``, ``user_file``, ``push_update``);
+what the bot did is recorded as ``calls`` and, per chat, as ``sent`` messages with the text a
+person sees. A file a person sends (a photo, a voice note, a document...) is kept by its
+``file_id``: ``getFile`` answers its ``file_path`` and ``file_size`` (or 400 "file is too big"
+past the Bot API's 20 MB, or "invalid file_id" for one it does not know), and its bytes are
+served at ``/file/bot<token>/<file_path>``, as Telegram does (401 with a wrong token, 404 for a
+path it does not know or one ``expire_file_path`` expired); ``downloaded`` lists what was served.
 
 The server keeps Telegram's rules that bots trip over: ``getUpdates`` long polls and only
 forgets updates once a later call's ``offset`` confirms them; message text is limited to 4096
@@ -32,7 +37,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import aiohttp
 from aiohttp import web
@@ -49,6 +54,26 @@ MAX_POLL_SECONDS = 30.0
 FIRST_UPDATE_ID = 100_000
 DEFAULT_GROUP_USER_ID = 4242
 DEFAULT_PHOTO = b"\xff\xd8\xff\xe0fake-jpeg-bytes\xff\xd9"
+MAX_DOWNLOAD_BYTES = 20 * 1024 * 1024
+"""The largest file the Bot API lets a bot fetch (``getFile`` refuses a larger one)."""
+FILE_TOO_BIG = "Bad Request: file is too big"
+FileKind = Literal["voice", "video_note", "audio", "document", "video"]
+"""The message fields a file may come in (besides ``photo``: ``user_photo``)."""
+_FOLDERS: dict[str, tuple[str, str]] = {
+    "voice": ("voice", "oga"),
+    "video_note": ("video_notes", "mp4"),
+    "audio": ("music", "mp3"),
+    "document": ("documents", "bin"),
+    "video": ("videos", "mp4"),
+}
+"""Each kind's folder in Telegram's file paths, and the extension of a file without a name."""
+_TIMED = frozenset({"voice", "video_note", "audio", "video"})
+_WITH_FILE_NAME = frozenset({"audio", "document", "video"})
+"""The kinds whose object has a ``file_name`` (a voice note's and a video note's have none)."""
+_MEDIUM_EXTRAS: dict[str, dict[str, Any]] = {
+    "video_note": {"length": 240},
+    "video": {"width": 640, "height": 360},
+}
 
 NOT_MODIFIED = (
     "Bad Request: message is not modified: specified new message content and reply markup are "
@@ -164,6 +189,9 @@ class _StoredFile:
     file_unique_id: str
     file_path: str
     data: bytes
+    file_size: int
+    """What Telegram says the file's size is (and judges "too big" by): ``len(data)`` unless a
+    test states another."""
 
 
 class _ApiError(Exception):
@@ -481,6 +509,9 @@ class FakeTelegram:
         self.webhook: dict[str, Any] = {}
         """What `setWebhook` was last given: its url and secret token."""
         self._files: dict[str, _StoredFile] = {}
+        self._expired_paths: set[str] = set()
+        self.downloaded: list[str] = []
+        """The file paths whose bytes were served, in order (a refused download is not)."""
         self._queries: dict[str, _Json] = {}  # callback queries not answered yet, by id
         self._query_ids = itertools.count(4_400_000_000_000_001)
         self.callback_answers: dict[str, CallbackAnswer] = {}
@@ -598,6 +629,65 @@ class FakeTelegram:
         if caption:
             message["caption"] = caption
         return self.push_update({"message": message})
+
+    def user_file(
+        self,
+        chat_id: int,
+        data: bytes,
+        *,
+        kind: FileKind = "document",
+        name: str = "",
+        mime: str = "",
+        seconds: int | None = None,
+        caption: str = "",
+        caption_entities: list[_Json] | None = None,
+        file_size: int | None = None,
+        user_id: int | None = None,
+        message_id: int | None = None,
+        chat_type: str = "private",
+        first_name: str = "Ann",
+        reply_to_bot_message: int | None = None,
+    ) -> _Json:
+        """Queue a message from a person carrying a file in the field ``kind`` (a voice note,
+        a round video note, an audio file, a document, a video), with ``caption``; returns the
+        queued Update. ``name`` and ``mime`` become ``file_name`` and ``mime_type`` (left out
+        when empty, as Telegram may; a voice note has no name and is "audio/ogg" unless told,
+        a video note has neither); ``seconds`` is the
+        ``duration`` a voice note, video note, audio or video must have; ``file_size`` is the
+        size Telegram states, in the message and ``getFile`` (``len(data)`` unless given: a
+        test may state 30 MB without making the bytes). ``getFile`` and the file path serve
+        ``data``."""
+        if kind in _TIMED and seconds is None:
+            raise ValueError(f"a {kind} needs its seconds (Telegram's duration)")
+        folder, extension = _FOLDERS[kind]
+        extension = name.rpartition(".")[2] if "." in name else extension
+        stored = self._store_file(data, folder, extension, file_size)
+        medium: _Json = {
+            "file_id": stored.file_id,
+            "file_unique_id": stored.file_unique_id,
+            "file_size": stored.file_size,
+            **_MEDIUM_EXTRAS.get(kind, {}),
+        }
+        if kind in _TIMED:
+            medium["duration"] = seconds
+        if name and kind in _WITH_FILE_NAME:
+            medium["file_name"] = name
+        if kind == "voice" or (mime and kind != "video_note"):
+            medium["mime_type"] = mime or "audio/ogg"  # Telegram's for every recorded note
+        message = self._user_message_base(chat_id, user_id, chat_type, first_name, message_id)
+        message[kind] = medium
+        if caption:
+            message["caption"] = caption
+        if caption_entities:
+            message["caption_entities"] = [dict(entity) for entity in caption_entities]
+        if reply_to_bot_message is not None:
+            message["reply_to_message"] = self._bot_message_stub(chat_id, reply_to_bot_message)
+        return self.push_update({"message": message})
+
+    def expire_file_path(self, file_id: str) -> None:
+        """The file's path answers 404 from now on (a download link Telegram no longer
+        serves), while ``getFile`` still answers with it."""
+        self._expired_paths.add(self._files[file_id].file_path)
 
     def user_sticker(self, chat_id: int, *, emoji: str = "👍", user_id: int | None = None) -> _Json:
         """Queue a sticker from a person (no text, no caption); returns the queued Update."""
@@ -787,8 +877,10 @@ class FakeTelegram:
             return web.json_response(_ApiError(401, "Unauthorized").body(), status=401)
         path = request.match_info["path"]
         stored = next((f for f in self._files.values() if f.file_path == path), None)
-        if stored is None:
+        if stored is None or path in self._expired_paths:
             return web.json_response(_ApiError(404, "Not Found").body(), status=404)
+        self.downloaded.append(path)
+        self._notify()
         return web.Response(body=stored.data, content_type="application/octet-stream")
 
     async def _unknown_path(self, request: web.Request) -> web.Response:
@@ -934,10 +1026,12 @@ class FakeTelegram:
         stored = self._files.get(str(params.get("file_id", "")))
         if stored is None:
             raise _bad_request("invalid file_id")
+        if stored.file_size > MAX_DOWNLOAD_BYTES:
+            raise _ApiError(400, FILE_TOO_BIG)
         return {
             "file_id": stored.file_id,
             "file_unique_id": stored.file_unique_id,
-            "file_size": len(stored.data),
+            "file_size": stored.file_size,
             "file_path": stored.file_path,
         }
 
@@ -1031,13 +1125,16 @@ class FakeTelegram:
                 message["reply_to_message"] = replied
         return message
 
-    def _store_file(self, data: bytes, folder: str, extension: str) -> _StoredFile:
+    def _store_file(
+        self, data: bytes, folder: str, extension: str, file_size: int | None = None
+    ) -> _StoredFile:
         number = len(self._files) + 1
         stored = _StoredFile(
             file_id=f"fake-{folder}-{number}",
             file_unique_id=f"unique-{folder}-{number}",
             file_path=f"{folder}/file_{number}.{extension}",
             data=data,
+            file_size=len(data) if file_size is None else file_size,
         )
         self._files[stored.file_id] = stored
         return stored

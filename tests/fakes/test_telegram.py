@@ -46,6 +46,7 @@ from telegram.warnings import PTBDeprecationWarning
 from .patience import deadline
 from .telegram import (
     BOT_TOKEN,
+    FILE_TOO_BIG,
     FIRST_UPDATE_ID,
     NOT_MODIFIED,
     CallbackAnswer,
@@ -528,6 +529,94 @@ async def test_photo_is_served_through_get_file(fake: FakeTelegram, client: Bot)
     assert telegram_file.file_size == len(data)
     with pytest.raises(BadRequest, match=r"^Invalid file_id$"):
         await within(client.get_file("no-such-file"))
+
+
+async def test_each_kind_of_file_parses_and_is_served_at_its_file_path(
+    fake: FakeTelegram, client: Bot
+) -> None:
+    note, pdf, song, circle = b"OggS voice", b"%PDF-1.7 doc", b"ID3 song", b"mp4 circle"
+    fake.user_file(CHAT, note, kind="voice", seconds=3, caption="listen")
+    fake.user_file(CHAT, pdf, kind="document", name="report.pdf", mime="application/pdf")
+    fake.user_file(CHAT, song, kind="audio", name="song.mp3", mime="audio/mpeg", seconds=61)
+    fake.user_file(CHAT, circle, kind="video_note", seconds=9)
+
+    voice, document, audio, video_note = [
+        update.message for update in await within(client.get_updates(timeout=0))
+    ]
+
+    assert voice.voice.duration == timedelta(seconds=3) and voice.caption == "listen"
+    assert (voice.voice.mime_type, voice.voice.file_size) == ("audio/ogg", len(note))
+    assert (document.document.file_name, document.document.mime_type) == (
+        "report.pdf",
+        "application/pdf",
+    )
+    assert (audio.audio.file_name, audio.audio.duration) == ("song.mp3", timedelta(seconds=61))
+    assert video_note.video_note.duration == timedelta(seconds=9)
+    media = (voice.voice, document.document, audio.audio, video_note.video_note)
+    served = []
+    for medium in media:
+        telegram_file = await within(client.get_file(medium.file_id))
+        served.append((telegram_file.file_path, bytes(await telegram_file.download_as_bytearray())))
+    root = f"{fake.base_file_url}{BOT_TOKEN}/"
+    assert served == [
+        (f"{root}voice/file_1.oga", note),
+        (f"{root}documents/file_2.pdf", pdf),
+        (f"{root}music/file_3.mp3", song),
+        (f"{root}video_notes/file_4.mp4", circle),
+    ]
+
+
+async def test_get_file_refuses_a_file_past_20_mb_as_telegram_does(
+    fake: FakeTelegram, client: Bot
+) -> None:
+    fake.user_file(CHAT, b"not all of it", name="big.zip", file_size=36_175_872)
+    (update,) = await within(client.get_updates(timeout=0))
+
+    assert update.message.document.file_size == 36_175_872
+    with pytest.raises(BadRequest, match=r"^File is too big$"):
+        await within(client.get_file(update.message.document.file_id))
+    assert fake.calls_to("getFile")[-1].error == {
+        "ok": False,
+        "error_code": 400,
+        "description": FILE_TOO_BIG,
+    }
+
+
+async def test_the_file_path_wants_the_token_and_a_known_path(fake: FakeTelegram) -> None:
+    fake.user_file(CHAT, b"secret notes", name="notes.txt", mime="text/plain")
+    path = "documents/file_1.txt"  # the first file the fake keeps
+    async with aiohttp.ClientSession() as session, asyncio.timeout(LIBRARY_SECONDS):
+        answers = []
+        for url in (
+            f"{fake.base_file_url}{BOT_TOKEN}/{path}",
+            f"{fake.base_file_url}999:wrong/{path}",
+            f"{fake.base_file_url}{BOT_TOKEN}/documents/file_99.txt",
+        ):
+            async with session.get(url) as response:
+                answers.append((response.status, await response.read()))
+    assert answers[0] == (200, b"secret notes")
+    assert [status for status, _ in answers[1:]] == [401, 404]
+
+
+async def test_an_expired_file_path_is_404_while_get_file_answers(
+    fake: FakeTelegram, client: Bot
+) -> None:
+    update = fake.user_file(CHAT, b"old", name="old.txt", mime="text/plain")
+    file_id = update["message"]["document"]["file_id"]
+    fresh = await within(client.get_file(file_id))
+    assert bytes(await within(fresh.download_as_bytearray())) == b"old"
+
+    fake.expire_file_path(file_id)
+
+    expired = await within(client.get_file(file_id))
+    with pytest.raises(InvalidToken, match="Not Found"):  # the library's reading of any 404
+        await within(expired.download_as_bytearray())
+    assert fake.downloaded == ["documents/file_1.txt"], "served once"
+
+
+def test_a_timed_file_needs_its_seconds(fake: FakeTelegram) -> None:
+    with pytest.raises(ValueError, match="a voice needs its seconds"):
+        fake.user_file(CHAT, b"OggS", kind="voice")
 
 
 async def test_user_messages_parse_as_replies_and_mentions(fake: FakeTelegram, client: Bot) -> None:
