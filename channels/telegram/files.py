@@ -34,6 +34,7 @@ from channels.settings import TelegramSettings
 from core.channel import Attachment, AttachmentKind
 from core.errors import DownloadError
 from core.metrics import PLATFORM_API_ERRORS
+from core.text import size_in_words
 
 logger = logging.getLogger(__name__)
 
@@ -156,9 +157,9 @@ class TelegramFiles:
         with self._mapped(attachment):
             if attachment.unavailable:
                 raise DownloadError(attachment.unavailable)
-            _check_size(attachment.name, attachment.size, limit)
+            _checksize_in_words(attachment.name, attachment.size, limit)
             file = await self._bot.get_file(attachment.source)
-            _check_size(attachment.name, file.file_size, limit)
+            _checksize_in_words(attachment.name, file.file_size, limit)
             if not file.file_path:
                 raise _FileAnswer(404)
             return await self._fetch(file.file_path, attachment.name, limit)
@@ -252,32 +253,24 @@ class TelegramFiles:
         return text.replace(self._bot.token, "<token>")
 
 
-def _check_size(name: str, size: int | None, limit: int) -> None:
+def _checksize_in_words(name: str, size: int | None, limit: int) -> None:
     """Refuse at once a file whose stated size is past `limit`."""
     if size is not None and size > limit:
         raise DownloadError(_past_limit(name, size, limit))
 
 
 def _past_limit(name: str, size: int | None, limit: int) -> str:
-    stated = f"{_size(size)}, " if size is not None else ""
-    return f"{name} is {stated}larger than the {_size(limit)} Kaiwa downloads"
+    stated = f"{size_in_words(size)}, " if size is not None else ""
+    return f"{name} is {stated}larger than the {size_in_words(limit)} Kaiwa downloads"
 
 
 def _beyond_telegram(name: str, size: int | None) -> str:
-    stated = _size(size) if size is not None else "larger"
+    stated = size_in_words(size) if size is not None else "larger"
     return (
-        f"Telegram lets bots download files up to {_size(BOT_API_DOWNLOAD_LIMIT)}, and {name} "
-        f"is {stated}: send a smaller file, or a link to it"
+        f"Telegram lets bots download files up to {size_in_words(BOT_API_DOWNLOAD_LIMIT)}, and "
+        f"{name} is {stated}: send a smaller file, or a link to it"
     )
 
 
 def _gone(name: str) -> str:
     return f"Telegram no longer has {name}; send it again"
-
-
-def _size(count: int) -> str:
-    """A size as people say it: 34.5 MB, 203.5 KB, 900 bytes (MB and KB of 1,024)."""
-    for unit, scale in (("MB", MIB), ("KB", 1024)):
-        if count >= scale:
-            return f"{count / scale:.1f}".removesuffix(".0") + f" {unit}"
-    return f"{count} bytes"
