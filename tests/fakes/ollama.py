@@ -485,6 +485,8 @@ class FakeOllama:
         self.context_lengths: dict[str, int] = dict(context_lengths or {})
         self.count_prompts = count_prompts
         self.requests: list[dict[str, Any]] = []
+        self.arrivals: list[float] = []
+        """When each ``/api/chat`` request arrived (``time.time()``), index for index."""
         self.prompts: list[Prompt] = []
         self.dropped: list[list[str]] = []
         self.show_requests: list[str] = []
@@ -616,6 +618,7 @@ class FakeOllama:
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         prompt = _prompt(body)
+        self.arrivals.append(time.time())
         self.requests.append(body)
         self.prompts.append(prompt)
         try:

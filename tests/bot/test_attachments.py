@@ -1,0 +1,154 @@
+"""Voice notes and documents through a real `kaiwa` process, on every platform: a voice note
+is transcribed and answered, and a PDF, a DOCX and a code file are read and answered.
+
+Each platform's fake serves the files the way the platform does (Telegram's `getFile` and file
+path, Slack's `url_private` behind the bot token, Discord's CDN, the web chat's own upload);
+the speech-to-text server is the fake one, the notes real OGG Opus (espeak-ng and ffmpeg), the
+PDF made by fpdf2 and the DOCX by python-docx. What is checked is what a person sees (the quote
+of what was heard, the answer) and what the model was sent (the transcript marked as spoken,
+each document in its block). Nothing is timed: each step waits on what the fakes saw.
+"""
+
+import io
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import docx
+import pytest
+from fpdf import FPDF
+
+from tests.fakes.ollama import FakeOllama, Text
+from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
+from tests.fakes.transcription import FakeTranscription
+from tests.fakes.voice import spoken_note
+from tests.processes import kaiwa, write_config
+
+HEARD = "Please remind me to water the plants on Friday."
+ANSWERS = (
+    "I will remind you on Friday.",
+    "The plan's budget is 12 k.",
+    "Meet on Monday.",
+    "It prints hello.",
+)
+
+
+@dataclass
+class Sent:
+    """What a platform's harness does for the test: send a note or a file, read the replies."""
+
+    config: str
+    environment: dict[str, str]
+    """The platform's tokens, as Kaiwa reads them from its environment."""
+    voice: Callable[[bytes, int], None]
+    file: Callable[[str, bytes, str, str], None]
+    replies: Callable[[], list[str]]
+    wait_until: Callable[[Callable[[], object]], Awaitable[None]]
+
+
+def report_pdf() -> bytes:
+    document = FPDF()
+    document.set_font("helvetica", size=12)
+    for text in ("Introduction", "Section 3: the budget is 12 k."):
+        document.add_page()
+        document.multi_cell(0, 8, text)
+    return bytes(document.output())
+
+
+def minutes_docx() -> bytes:
+    document = docx.Document()
+    document.add_heading("Minutes", level=1)
+    document.add_paragraph("We meet again on Monday.")
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()
+
+
+@pytest.fixture
+async def speech() -> AsyncIterator[FakeTranscription]:
+    async with FakeTranscription(text=HEARD) as server:
+        yield server
+
+
+@asynccontextmanager
+async def telegram() -> AsyncIterator[Sent]:
+    async with FakeTelegram() as fake:
+        chat = 4242
+
+        def voice(note: bytes, seconds: int) -> None:
+            fake.user_file(chat, note, kind="voice", seconds=seconds)
+
+        def file(name: str, data: bytes, mime: str, caption: str) -> None:
+            fake.user_file(chat, data, name=name, mime=mime, caption=caption)
+
+        config = (
+            f'[channels.telegram]\nbase_url = "{fake.base_url}"\n'
+            f'base_file_url = "{fake.base_file_url}"\nallowed_users = [{chat}]\n'
+            "poll_timeout = 1\nedit_interval = 0.05\n"
+        )
+        yield Sent(
+            config,
+            {"KAIWA_TELEGRAM_TOKEN": BOT_TOKEN},
+            voice,
+            file,
+            lambda: [message.visible for message in fake.sent(chat)],
+            lambda condition: fake.wait_until(condition),
+        )
+
+
+HARNESSES: dict[str, Callable[[], AbstractAsyncContextManager[Sent]]] = {"telegram": telegram}
+
+
+@pytest.fixture(params=sorted(HARNESSES))
+async def platform(request: pytest.FixtureRequest) -> AsyncIterator[Sent]:
+    async with HARNESSES[request.param]() as sent:
+        yield sent
+
+
+def configured(tmp_path: Path, ollama: FakeOllama, speech: FakeTranscription, sent: Sent) -> Path:
+    config = write_config(tmp_path, ollama.url)
+    config.write_text(
+        config.read_text().replace(
+            "[channels.terminal]\n", "[channels.terminal]\nenabled = false\n"
+        )
+        + f'\n[transcription]\nurl = "{speech.url}"\n\n'
+        + sent.config
+    )
+    return config
+
+
+def last_asked(ollama: FakeOllama, index: int) -> str:
+    users = [m for m in ollama.requests[index]["messages"] if m["role"] == "user"]
+    return str(users[-1]["content"])
+
+
+async def test_a_voice_note_a_pdf_a_docx_and_a_code_file_are_heard_read_and_answered(
+    platform: Sent, tmp_path: Path, ollama: FakeOllama, speech: FakeTranscription
+) -> None:
+    sent = platform
+    for answer in ANSWERS:
+        ollama.script(Text(answer))
+    config = configured(tmp_path, ollama, speech, sent)
+    bot = await kaiwa("run", "--config", str(config), env=sent.environment)
+
+    sent.voice(spoken_note("please remind me to water the plants on friday", seconds=4), 4)
+    await sent.wait_until(lambda: any(ANSWERS[0] in text for text in sent.replies()))
+    sent.file("plan.pdf", report_pdf(), "application/pdf", "What does section 3 say?")
+    sent.file("minutes.docx", minutes_docx(), "", "When do we meet?")
+    sent.file("hello.py", b"print('hello')\n", "text/x-python", "What does this do?")
+    await sent.wait_until(lambda: any(ANSWERS[3] in text for text in sent.replies()))
+
+    (upload,) = speech.uploads
+    assert upload.problem is None and upload.seconds == pytest.approx(4.0, abs=0.05)
+    heard = next(text for text in sent.replies() if ANSWERS[0] in text)
+    assert heard.startswith(f"🎙 Heard (4 s): “{HEARD}”")
+    assert last_asked(ollama, 0).endswith(f"the person's own words, spoken]\n{HEARD}")
+    pdf_asked, docx_asked, code_asked = (last_asked(ollama, n) for n in (1, 2, 3))
+    assert pdf_asked.startswith('What does section 3 say?\n\n<document name="plan.pdf" kind="pdf"')
+    assert "Section 3: the budget is 12 k." in pdf_asked
+    assert '<document name="minutes.docx" kind="docx">' in docx_asked
+    assert "We meet again on Monday." in docx_asked
+    assert '<document name="hello.py" kind="text">\nprint(\'hello\')\n</document>' in code_asked
+    bot.terminate()
+    await bot.wait()
