@@ -20,6 +20,9 @@ import pytest
 from fpdf import FPDF
 
 from tests.fakes.ollama import FakeOllama, Text
+from tests.fakes.slack import APP_TOKEN as SLACK_APP
+from tests.fakes.slack import BOT_TOKEN as SLACK_BOT
+from tests.fakes.slack import FakeSlack, Upload
 from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
 from tests.fakes.transcription import FakeTranscription
 from tests.fakes.voice import spoken_note
@@ -97,7 +100,34 @@ async def telegram() -> AsyncIterator[Sent]:
         )
 
 
-HARNESSES: dict[str, Callable[[], AbstractAsyncContextManager[Sent]]] = {"telegram": telegram}
+@asynccontextmanager
+async def slack() -> AsyncIterator[Sent]:
+    async with FakeSlack() as fake:
+        dm = "D1001"
+
+        def voice(note: bytes, seconds: int) -> None:
+            clip = Upload(note, "audio_message.ogg", "audio/ogg", audio_clip=True,
+                          duration_ms=seconds * 1000)  # fmt: skip
+            fake.share(dm, clip, user="U1")
+
+        def file(name: str, data: bytes, mime: str, caption: str) -> None:
+            fake.share(dm, Upload(data, name, mime), text=caption, user="U1")
+
+        config = f'[channels.slack]\napi_url = "{fake.api_url}"\nallowed_users = ["U1"]\n'
+        yield Sent(
+            config,
+            {"KAIWA_SLACK_BOT_TOKEN": SLACK_BOT, "KAIWA_SLACK_APP_TOKEN": SLACK_APP},
+            voice,
+            file,
+            lambda: [posted.text for posted in fake.all_posted],
+            lambda condition: fake.wait_until(condition),
+        )
+
+
+HARNESSES: dict[str, Callable[[], AbstractAsyncContextManager[Sent]]] = {
+    "telegram": telegram,
+    "slack": slack,
+}
 
 
 @pytest.fixture(params=sorted(HARNESSES))
@@ -142,7 +172,7 @@ async def test_a_voice_note_a_pdf_a_docx_and_a_code_file_are_heard_read_and_answ
     (upload,) = speech.uploads
     assert upload.problem is None and upload.seconds == pytest.approx(4.0, abs=0.05)
     heard = next(text for text in sent.replies() if ANSWERS[0] in text)
-    assert heard.startswith(f"🎙 Heard (4 s): “{HEARD}”")
+    assert f"🎙 Heard (4 s): “{HEARD}”" in heard
     assert last_asked(ollama, 0).endswith(f"the person's own words, spoken]\n{HEARD}")
     pdf_asked, docx_asked, code_asked = (last_asked(ollama, n) for n in (1, 2, 3))
     assert pdf_asked.startswith('What does section 3 say?\n\n<document name="plan.pdf" kind="pdf"')
