@@ -281,9 +281,8 @@ class TurnRunner:
         )
         starting.add_done_callback(lambda row: Conversations.remember(conversation, row))
         LOGGED_TURN.set(TurnInLog(request.place, starting))
-        sent: dict[str, Any] = {"role": "user", "content": text}
-        if request.images:
-            sent["images"] = list(request.images)
+        pictures = {"images": list(request.images)} if request.images else {}
+        sent: dict[str, Any] = {"role": "user", "content": text, **pictures}
         messages.append(sent)
         body, now = self._open(turn, opened, starting, joined, messages, context)
         outcome, note, wrapped_up = await self._run_body(turn.body, body, stopped_early)
@@ -341,14 +340,11 @@ class TurnRunner:
         if stopped_early:  # stopped while the turn was being opened
             return Outcome.STOPPED, None, False
         request = turn.request
+        author = request.author or request.person or ""
         context = ToolContext(
-            request.platform,
-            request.place,
-            request.person,
-            request.provenance.value,
-            request.author or request.person or "",
+            request.platform, request.place, request.person, request.provenance.value, author,
             turn=turn.turn_id,
-        )
+        )  # fmt: skip
         try:
             with called_from(context):
                 await self.parts.read(turn)  # what the person's message came with
