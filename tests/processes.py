@@ -5,12 +5,16 @@ a test that fails half-way must not leave a bot running, still polling a fake or
 """
 
 import asyncio
+import json
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
 
 from tests.fakes.patience import deadline
 
@@ -61,3 +65,35 @@ async def kill_leftovers() -> AsyncIterator[None]:
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def stored(url: str, query: str, holds: Callable[[list[Any]], bool]) -> None:
+    """Wait until the rows `query` reads from the store satisfy `holds` (another process's
+    database, perhaps not made yet: there is nothing to be woken by, so it is read again every
+    20 ms)."""
+    engine = create_engine(url)
+
+    def read() -> bool:
+        try:
+            with engine.connect() as connection:
+                return holds(list(connection.execute(text(query))))
+        except DBAPIError:  # the tables are not there yet
+            return False
+
+    try:
+        async with asyncio.timeout(WAIT_SECONDS):
+            while not await asyncio.to_thread(read):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+    finally:
+        engine.dispose()
+
+
+def ids(value: Any) -> list[str]:
+    """A `reply_ids` column as read raw: JSON text on SQLite, a list on PostgreSQL."""
+    return list((json.loads(value) if isinstance(value, str) else value) or [])
+
+
+async def reply_recorded(url: str) -> None:
+    """Wait until the store holds the id of a message the reply posted (it is written as soon
+    as the platform accepted the message; a kill before that leaves nothing to mark)."""
+    await stored(url, "SELECT reply_ids FROM turns", lambda rows: any(ids(r[0]) for r in rows))

@@ -9,7 +9,8 @@ earlier process left (`leftovers`); once a place's channel is connected, each is
 - A turn left `running` is closed in the store first (`interrupted`; a tool call without a
   result gets one, so the stored history is well-formed), then:
   - if its reply had posted messages, the reply is taken up again and ends with "(interrupted by
-    a restart)";
+    a restart)" (one that showed only its status line says which message to send again: a
+    voice note or a document being read when the process died, named as the person knows it);
   - else, if it ran no tool and was a first attempt, its message is run again, once (a second
     attempt is never run again: a message that crashes Kaiwa cannot make it crash forever);
   - else the person is told, in their own words, that the message was not finished and should
@@ -33,10 +34,18 @@ takes a place over (`core.cluster.owners`).
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from core.channel import Channel, Delivery, OnPost, Outcome, platform_of
+from core.channel import (
+    Attachment,
+    AttachmentKind,
+    Channel,
+    Delivery,
+    OnPost,
+    Outcome,
+    platform_of,
+)
 from core.store import UNSURE_DELIVERY, Store, Unfinished, attachments_of, not_awaited
 from core.store.tables import InboundEvent
 from core.turns.parts import Leftover, TurnParts
@@ -171,7 +180,10 @@ class Recovery:
         assert turn.id is not None
         if turn.reply_ids:
             reply = channel.open_reply(place, None, turn.reply_ids, on_post=self._recorder(turn.id))
-            await reply.finish(_said(unfinished), Outcome.INTERRUPTED, None)
+            said = _said(unfinished)  # a reply that showed only its status line says what to do
+            if not said and turn.provenance == Provenance.PERSON:
+                said = _resend(unfinished)
+            await reply.finish(said, Outcome.INTERRUPTED, None)
             await self._store.mark_delivered(turn.id, reply.delivery.value)
             logger.info("turn %s in %s: its reply is marked interrupted", turn.id, place)
         elif _may_run_again(unfinished):
@@ -240,9 +252,17 @@ def _resend(unfinished: Unfinished) -> str:
     asked = unfinished.asked
     if asked is None:
         asked = unfinished.messages[0].text if unfinished.messages else ""
-    return (
-        f"I was restarted before I could finish answering {_excerpt(asked)}. Please send it again."
-    )
+    what = _excerpt(asked) if asked.strip() else _attached(unfinished.attachments)
+    return f"I was restarted before I could finish answering {what}. Please send it again."
+
+
+def _attached(attachments: Sequence[Attachment]) -> str:
+    """A message of files alone, as the person knows it: "your voice note", "plan.pdf"."""
+    names = [
+        "your voice note" if each.kind is AttachmentKind.VOICE else each.name
+        for each in attachments
+    ]
+    return ", ".join(names) or "your message"
 
 
 def _may_run_again(unfinished: Unfinished) -> bool:

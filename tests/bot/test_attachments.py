@@ -10,6 +10,7 @@ each document in its block). Nothing is timed: each step waits on what the fakes
 """
 
 import io
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -24,9 +25,9 @@ from tests.fakes.slack import APP_TOKEN as SLACK_APP
 from tests.fakes.slack import BOT_TOKEN as SLACK_BOT
 from tests.fakes.slack import FakeSlack, Upload
 from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
-from tests.fakes.transcription import FakeTranscription
+from tests.fakes.transcription import FakeTranscription, Hang
 from tests.fakes.voice import spoken_note
-from tests.processes import kaiwa, write_config
+from tests.processes import finish, kaiwa, reply_recorded, write_config
 
 HEARD = "Please remind me to water the plants on Friday."
 ANSWERS = (
@@ -182,3 +183,37 @@ async def test_a_voice_note_a_pdf_a_docx_and_a_code_file_are_heard_read_and_answ
     assert '<document name="hello.py" kind="text">\nprint(\'hello\')\n</document>' in code_asked
     bot.terminate()
     await bot.wait()
+
+
+async def test_a_kaiwa_killed_while_transcribing_says_which_note_to_send_again_and_loses_it_not(
+    tmp_path: Path, ollama: FakeOllama, speech: FakeTranscription
+) -> None:
+    """Killed at any instruction: here while the server hears the note, its status line out.
+    A reply that showed something is never run again (it could answer twice), so the next
+    start ends it saying what to send again; sent again, the note is heard and answered."""
+    async with telegram() as sent:
+        config = configured(tmp_path, ollama, speech, sent)
+        speech.script(Hang())
+        first = await kaiwa("run", "--config", str(config), env=sent.environment)
+        note = spoken_note("please remind me to water the plants on friday", seconds=4)
+        sent.voice(note, 4)
+        await speech.hanging()
+        await reply_recorded(f"sqlite:///{tmp_path / 'state' / 'kaiwa.db'}")  # its status line
+        first.send_signal(signal.SIGKILL)
+        await first.wait()
+        speech.release()
+
+        ollama.script(Text(ANSWERS[0]))
+        second = await kaiwa("run", "--config", str(config), env=sent.environment)
+        resend = "I was restarted before I could finish answering your voice note."
+        await sent.wait_until(lambda: any(resend in text for text in sent.replies()))
+        sent.voice(note, 4)
+        await sent.wait_until(lambda: any(ANSWERS[0] in text for text in sent.replies()))
+        second.send_signal(signal.SIGTERM)
+        code, _, err = await finish(second)
+
+    assert code == 0, err
+    first_reply, second_reply = sent.replies()
+    assert first_reply == f"{resend} Please send it again. (interrupted by a restart)"
+    assert f"🎙 Heard (4 s): “{HEARD}”" in second_reply and ANSWERS[0] in second_reply
+    assert len(ollama.requests) == 1

@@ -8,42 +8,15 @@ of the database, or on a line of the process's log.
 """
 
 import asyncio
-import json
 import signal
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from sqlalchemy import create_engine, text
-from sqlalchemy.exc import DBAPIError
 
 from tests.fakes.ollama import FakeOllama, Pause, Text, ToolCall
 from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
-from tests.processes import WAIT_SECONDS, finish, kaiwa, write_config
+from tests.processes import WAIT_SECONDS, finish, ids, kaiwa, reply_recorded, stored, write_config
 
 ANN = 4242
 RESEND = "Please send it again."
-
-
-async def stored(url: str, query: str, holds: Callable[[list[Any]], bool]) -> None:
-    """Wait until the rows `query` reads from the store satisfy `holds` (another process's
-    database, perhaps not made yet: there is nothing to be woken by, so it is read again every
-    20 ms)."""
-    engine = create_engine(url)
-
-    def read() -> bool:
-        try:
-            with engine.connect() as connection:
-                return holds(list(connection.execute(text(query))))
-        except DBAPIError:  # the tables are not there yet
-            return False
-
-    try:
-        async with asyncio.timeout(WAIT_SECONDS):
-            while not await asyncio.to_thread(read):  # noqa: ASYNC110
-                await asyncio.sleep(0.02)
-    finally:
-        engine.dispose()
 
 
 async def logged(tmp_path: Path, phrase: str) -> None:
@@ -52,17 +25,6 @@ async def logged(tmp_path: Path, phrase: str) -> None:
     async with asyncio.timeout(WAIT_SECONDS):
         while not (log.exists() and phrase in log.read_text()):  # noqa: ASYNC110
             await asyncio.sleep(0.02)
-
-
-def ids(value: Any) -> list[str]:
-    """A `reply_ids` column as read raw: JSON text on SQLite, a list on PostgreSQL."""
-    return list((json.loads(value) if isinstance(value, str) else value) or [])
-
-
-async def reply_recorded(url: str) -> None:
-    """Wait until the store holds the id of a message the reply posted (it is written as soon
-    as the platform accepted the message; a kill before that leaves nothing to mark)."""
-    await stored(url, "SELECT reply_ids FROM turns", lambda rows: any(ids(r[0]) for r in rows))
 
 
 def visible(telegram: FakeTelegram) -> list[str]:
