@@ -1,6 +1,6 @@
 """Discord: a conversation is a thread.
 
-One adapter in six modules, one concern each, so that each can be read without the others:
+One adapter in seven modules, one concern each, so that each can be read without the others:
 - `channel`: `DiscordChannel`, what the core and `bot/app.py` see: logging in (and `kaiwa
   check`'s `problems`), registering the slash commands, running the gateway, handing its events
   over, stopping, and opening replies and notices;
@@ -8,6 +8,8 @@ One adapter in six modules, one concern each, so that each can be read without t
   contained, and the buttons whose clicks it routes back;
 - `receiving`: a message as a `ChannelMessage` (which messages are for the bot, and the thread
   each belongs to, opened on a mention when first used);
+- `files`: a message's files, its pictures read and the others described, and those fetched from
+  Discord's CDN when the core asks (`Files.download`);
 - `interactions`: slash commands and button clicks as commands from the person who used them,
   answered to them alone;
 - `transport`: `DiscordTransport`, how a reply shows (2,000 characters a message, buttons), and

@@ -6,7 +6,8 @@ has no per-client URLs, so the configured REST base and gateway URL are applied 
 process-wide seams (`Route.BASE`, `DiscordWebSocket.DEFAULT_GATEWAY`) when the channel is built.
 The client (`channels.discord.client`) reports every event here; what a message says and where
 it belongs is `channels.discord.receiving`'s, a slash command's or click's
-`channels.discord.interactions`', and replies go out through `channels.discord.transport`.
+`channels.discord.interactions`', and replies go out through `channels.discord.transport`. The
+files people attach are fetched for the core (`download`) by `channels.discord.files`.
 
 `connected` follows READY/RESUMED and disconnects; `run` can be called again after it raised
 (with a fresh client when the old one was closed). A gateway event discord.py cannot parse is
@@ -32,6 +33,7 @@ import yarl
 
 from channels.connection import ConnectionState, unreachable
 from channels.discord.client import INTENT_FIX, DiscordClient, new_client
+from channels.discord.files import DiscordFiles
 from channels.discord.interactions import command_tree, deliver_interaction
 from channels.discord.library import app_commands, discord
 from channels.discord.receiving import Messages, Threads
@@ -46,7 +48,7 @@ from channels.rendering import (
 )
 from channels.settings import DiscordSettings
 from channels.throttled_log import ThrottledLog
-from core.channel import Button, ChannelTraits, Deliver, OnPost, Reply
+from core.channel import Attachment, Button, ChannelTraits, Deliver, OnPost, Reply
 from core.errors import ChannelError
 
 logger = logging.getLogger(__name__)
@@ -82,6 +84,7 @@ class DiscordChannel(ConnectionState):
         self._handlers: set[asyncio.Task[Any]] = set()
         self._threads = Threads(settings)
         self._messages = Messages(settings, self._threads)
+        self._files = DiscordFiles()
         self._unreadable = ThrottledLog(logger)
 
     def _new_client(self) -> tuple[DiscordClient, app_commands.CommandTree]:
@@ -137,10 +140,11 @@ class DiscordChannel(ConnectionState):
 
     async def close(self) -> None:
         """Let the handlers still at work finish (a command's answer needs the HTTP session),
-        then close the gateway and the session."""
+        then close the gateway and the sessions."""
         if self._handlers:
             await asyncio.wait(self._handlers, timeout=HANDLERS_CLOSE_SECONDS)
         await self._client.close()
+        await self._files.close()
         self.connected.clear()
         gateway = self._gateway
         if gateway is not None:
@@ -176,6 +180,10 @@ class DiscordChannel(ConnectionState):
         await replace_notice(
             self._threads.transport(self._client, place), message_id, text, seconds
         )
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        """An attached file's bytes, from Discord's CDN (`core.channel.Files`)."""
+        return await self._files.download(attachment, limit)
 
     # -- receiving -----------------------------------------------------------------------------
 

@@ -18,6 +18,9 @@ Which messages are ours, and where they belong:
   fresh one there as anywhere.
 - A mention followed by a bare command word ("@kaiwa stop") is that command
   (`channels.presses.without_mention`); the bot's own role counts as the bot.
+- A message with files and no text (a voice message, a document dropped in a thread) is a
+  message like any other: its pictures are `images`, every other file one of its `attachments`
+  (`channels.discord.files`).
 - discord.py delivers a replayed MESSAGE_CREATE twice; the message's id is its dedupe id, so the
   dispatcher drops the replay.
 """
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from channels.discord.client import INTENT_FIX
+from channels.discord.files import attachments_of, images_of
 from channels.discord.library import discord
 from channels.discord.transport import DiscordTransport
 from channels.places import DiscordPlace
@@ -43,7 +47,6 @@ logger = logging.getLogger(__name__)
 
 THREAD_NAME_LIMIT = 100
 PENDING_MENTIONS = 1000  # mentions whose thread is not opened yet, remembered at most
-MAX_IMAGE_BYTES = 20 * 1024 * 1024
 THREAD_EXISTS = 160004  # Discord's error code: a thread was already made from this message
 READ_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
 
@@ -201,7 +204,8 @@ class Messages:
             author_id=str(message.author.id),
             author_name=message.author.display_name,
             text=text,
-            images=await _images(message),
+            images=await images_of(message),
+            attachments=attachments_of(message),
             room=origin.room,
             space=origin.space,
             author_roles=origin.roles,
@@ -266,19 +270,3 @@ def _thread_name(text: str, author: discord.User | discord.Member) -> str:
     if len(name) <= THREAD_NAME_LIMIT:
         return name
     return name[: THREAD_NAME_LIMIT - 1].rstrip() + "…"
-
-
-async def _images(message: discord.Message) -> tuple[bytes, ...]:
-    """The pictures attached to a message (at most MAX_IMAGE_BYTES each)."""
-    images = []
-    for attachment in message.attachments:
-        if not (attachment.content_type or "").startswith("image/"):
-            continue
-        if attachment.size > MAX_IMAGE_BYTES:
-            logger.warning("Discord: skipped %s (%d bytes)", attachment.filename, attachment.size)
-            continue
-        try:
-            images.append(await attachment.read())
-        except discord.HTTPException as exc:
-            logger.warning("Discord: cannot download %s: %s", attachment.filename, exc)
-    return tuple(images)

@@ -31,8 +31,14 @@ with ``add_text_channel``, ``add_role`` (authors and interaction users carry ``r
 ``archive_thread``/``reopen_thread``; as on Discord, a message into an archived thread (a
 person's or the bot's) reopens it first, only active threads are in GUILD_CREATE, and the bot
 joins a thread with ``PUT /channels/{thread}/thread-members/@me`` (THREAD_MEMBERS_UPDATE; an
-archived one refuses with 50083). Attachments given as ``(filename, content_type, bytes)`` are
-served by the fake itself at their ``url`` under ``/attachments/``; an image's width and height
+archived one refuses with 50083). Attachments, each an ``Upload`` (or a plain ``(filename,
+content_type, bytes)``), are attachment objects shaped as Discord's (a voice message,
+``Upload.voice_message``, with ``duration_secs``, a ``waveform`` and the message's
+IS_VOICE_MESSAGE flag), served by the fake itself as Discord's CDN serves them: at their
+``url`` under ``/attachments/``, signed (``?ex=&is=&hm=``) and valid for a day, so a link with
+a wrong signature or past its expiry (``expire_attachment_links``) answers 404 "This content is
+no longer available.", an unknown one 404 too, with no token asked for; ``fail_next`` scripts
+the CDN's refusals as the API's, and its requests are ``calls`` too. An image's width and height
 come from a PNG header, else ``IMAGE_SIZE``. Dispatches made while no socket is live wait in
 the session and are replayed after a RESUME; an INVALID_SESSION (not resumable) loses those, as
 on Discord, and dispatches made while there is no session at all go out after the next READY.
@@ -52,16 +58,20 @@ closes the websockets and stops the writer before the runner is cleaned up, and 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import hmac
 import inspect
 import itertools
 import json
 import math
+import secrets
 import struct
 import time
 import warnings
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
@@ -105,6 +115,11 @@ GUILD_TEXT, DM, PUBLIC_THREAD = 0, 1, 11
 
 EVERYONE_PERMISSIONS = (1 << 41) - 1 & ~(1 << 3)  # all but administrator
 IMAGE_SIZE = (640, 480)  # width and height of image bytes that are not a PNG
+VOICE_MESSAGE_FLAG = 1 << 13  # a message's IS_VOICE_MESSAGE
+VOICE_MESSAGE_NAME = "voice-message.ogg"  # what Discord's apps name a recorded voice message
+WAVEFORM_SAMPLES = 256  # a voice message's waveform: at most 256 one-byte samples
+CDN_LINK_SECONDS = 24 * 3600  # how long a signed attachment link works
+LINK_GONE = "This content is no longer available."  # the CDN's 404 for an expired link
 
 _Json = dict[str, Any]
 _EPOCH_MS = 1_420_070_400_000  # Discord's snowflake epoch
@@ -112,10 +127,10 @@ _EPOCH_MS = 1_420_070_400_000  # Discord's snowflake epoch
 
 @dataclass(frozen=True)
 class Call:
-    """One REST request as received; ``status`` is what the fake answered."""
+    """One REST request (or CDN request) as received; ``status`` is what the fake answered."""
 
     method: str
-    path: str  # after /api/v10, e.g. "/channels/123/messages"
+    path: str  # after /api/v10, e.g. "/channels/123/messages"; the CDN's: "/attachments/..."
     body: Any
     query: dict[str, str]
     at: float
@@ -140,6 +155,31 @@ class Sent:
     reference: int | None = None  # the message replied to
     ephemeral: bool = False  # an interaction response only its user sees (never dispatched)
     interaction_id: int | None = None  # the interaction this answered, if any
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file a person attaches. ``content_type`` None leaves it out of the attachment object
+    (as Discord does when it could not tell); ``voice`` makes it a voice message (its message
+    gets the IS_VOICE_MESSAGE flag, the attachment ``duration_secs`` of ``seconds`` and a
+    ``waveform``); ``size`` is the size the attachment object declares, when a test wants it
+    to differ from the bytes served (None: their length)."""
+
+    filename: str
+    content_type: str | None
+    data: bytes
+    voice: bool = False
+    seconds: float | None = None
+    size: int | None = None
+
+    @classmethod
+    def voice_message(cls, data: bytes, seconds: float) -> Upload:
+        """A voice message as Discord's apps record one: ``voice-message.ogg``, OGG Opus."""
+        return cls(VOICE_MESSAGE_NAME, "audio/ogg", data, voice=True, seconds=seconds)
+
+
+Attached = Upload | tuple[str, str, bytes]
+"""An attachment as a test gives it: an ``Upload``, or ``(filename, content_type, data)``."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +246,13 @@ def _image_size(data: bytes) -> tuple[int, int]:
     return IMAGE_SIZE
 
 
+def _waveform(data: bytes) -> str:
+    """A voice message's waveform, base64: up to 256 one-byte samples, here taken evenly from
+    the bytes themselves (Discord's apps sample the loudness)."""
+    step = max(1, len(data) // WAVEFORM_SAMPLES)
+    return base64.b64encode(data[::step][:WAVEFORM_SAMPLES]).decode()
+
+
 def user_object(user_id: int, name: str | None = None, *, bot: bool = False) -> _Json:
     """A Discord user object (new-style username: discriminator "0")."""
     name = name or (BOT_NAME if user_id == BOT_USER_ID else f"user{user_id % 10_000}")
@@ -253,7 +300,9 @@ class FakeDiscord:
         self._interactions: dict[str, _Json] = {}  # token -> interaction state
         self.threads: dict[int, _Json] = {}  # thread id -> {parent_id, name, starter_id, ...}
         self._roles: dict[int, _Json] = {BOT_ROLE_ID: self._bot_role()}  # @everyone aside
-        self._files: dict[tuple[int, int], tuple[str, str, bytes]] = {}  # attachments' bytes
+        self._files: dict[tuple[int, int], Upload] = {}  # (channel, attachment id) -> file
+        self._cdn_key = secrets.token_bytes(32)  # what the CDN signs its links with
+        self._cdn_skew = 0.0  # the CDN's clock ahead of ours (`expire_attachment_links`)
         self._ids = itertools.count(1)
         self._guild_created = datetime.now(UTC) - timedelta(days=30)
         self._channels: dict[int, _Json] = {
@@ -311,7 +360,7 @@ class FakeDiscord:
         app.router.add_route("*", "/api/v{version}/{path:.*}", self._api)
         app.router.add_get("/gateway/", self._gateway)
         app.router.add_get("/resume/", self._gateway)
-        app.router.add_get(r"/attachments/{channel:\d+}/{attachment:\d+}/{filename}", self._file)
+        app.router.add_get(r"/attachments/{channel:\d+}/{attachment:\d+}/{filename}", self._cdn)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", port).start()
@@ -393,16 +442,17 @@ class FakeDiscord:
         message_id: int | None = None,
         bot: bool = False,
         roles: list[int] | None = None,
-        attachments: list[tuple[str, str, bytes]] | None = None,
+        attachments: Sequence[Attached] = (),
     ) -> _Json:
         """A person's message in a guild channel or thread: dispatch MESSAGE_CREATE and return
         the full message (as stored, content unstripped). ``mentions_bot`` prefixes the
         content with ``<@BOT_USER_ID>`` and lists the bot in ``mentions`` (``mentions_bot_role``:
         ``<@&BOT_ROLE_ID>`` in ``mention_roles``, the bot's role, which Discord's autocomplete
         offers beside the bot); the author's member
-        object carries ``roles`` (ids from ``add_role``); each ``(filename, content_type,
-        data)`` of ``attachments`` is served at its attachment's ``url``. An archived thread is
-        reopened first (THREAD_UPDATE), as Discord does."""
+        object carries ``roles`` (ids from ``add_role``); each of ``attachments`` (an
+        ``Upload``, or ``(filename, content_type, data)``) is served at its attachment's
+        ``url``, and a voice message among them flags the message IS_VOICE_MESSAGE. An
+        archived thread is reopened first (THREAD_UPDATE), as Discord does."""
         if channel_id not in self._channels:
             raise KeyError(f"no guild channel or thread {channel_id}")
         if mentions_bot:
@@ -415,9 +465,9 @@ class FakeDiscord:
             user_object(author_id, bot=bot),
             message_id=message_id,
             mentions=[user_object(BOT_USER_ID, bot=True)] if mentions_bot else [],
-            attachments=self._attachments(channel_id, attachments or []),
             roles=roles,
         )
+        self._attach(message, attachments)
         if mentions_bot_role:
             message["mention_roles"] = [str(BOT_ROLE_ID)]
         self._reopen_if_archived(channel_id)
@@ -431,7 +481,7 @@ class FakeDiscord:
         content: str,
         *,
         message_id: int | None = None,
-        attachments: list[tuple[str, str, bytes]] | None = None,
+        attachments: Sequence[Attached] = (),
     ) -> _Json:
         """A direct message from ``user_id`` to the bot (opens the DM channel on first use);
         ``attachments`` as for ``user_message``."""
@@ -441,9 +491,9 @@ class FakeDiscord:
             content,
             user_object(user_id),
             message_id=message_id,
-            attachments=self._attachments(channel_id, attachments or []),
             guild=False,
         )
+        self._attach(message, attachments)
         self._store(message)
         self._dispatch("MESSAGE_CREATE", message)
         return message
@@ -665,11 +715,17 @@ class FakeDiscord:
         limit (JSON ``retry_after``; with ``Via``, which discord.py sleeps out and retries up to
         five times, or without, which it raises at once; ``scope`` "user", "shared" or
         "global"); any other status answers ``{"message", "code": 0}``. Use a 4xx for fast
-        error tests: discord.py retries 500/502/504 with sleeps of 1, 3, 5... seconds."""
+        error tests: discord.py retries 500/502/504 with sleeps of 1, 3, 5... seconds. A path
+        under ``/attachments/`` scripts the CDN's answers to attachment downloads."""
         if times < 1:
             raise ValueError(f"times must be at least 1, got {times}")
         failures = self._failures.setdefault((method.upper(), path_prefix), deque())
         failures.extend([_Failure(status, retry_after, via, scope)] * times)
+
+    def expire_attachment_links(self) -> None:
+        """As a day later: every attachment link handed out so far answers 404 "This content
+        is no longer available." (links in messages made from now on work)."""
+        self._cdn_skew += CDN_LINK_SECONDS + 1
 
     def answer_without(self, method: str, path_prefix: str, key: str) -> None:
         """From now on answer ``method path_prefix...`` as usual (it takes effect) but leave
@@ -1310,34 +1366,81 @@ class FakeDiscord:
             "pending": False,
         }
 
-    def _attachments(self, channel_id: int, files: list[tuple[str, str, bytes]]) -> list[_Json]:
-        """Attachment objects for ``(filename, content_type, data)``, their bytes served at
-        ``url`` (and ``proxy_url``) by ``_file``."""
-        attachments = []
-        for filename, content_type, data in files:
-            attachment_id = self._snowflake()
-            self._files[(channel_id, attachment_id)] = (filename, content_type, data)
-            url = f"{self.url}/attachments/{channel_id}/{attachment_id}/{quote(filename)}"
-            attachment: _Json = {
-                "id": str(attachment_id),
-                "filename": filename,
-                "size": len(data),
-                "url": url,
-                "proxy_url": url,
-                "content_type": content_type,
-            }
-            if content_type.startswith("image/"):
-                attachment["width"], attachment["height"] = _image_size(data)
-            attachments.append(attachment)
-        return attachments
+    def _attach(self, message: _Json, files: Sequence[Attached]) -> None:
+        """Give ``message`` the attachment objects of ``files``, their bytes served at ``url``
+        (and ``proxy_url``) by ``_cdn``; a voice message flags the message."""
+        uploads = [file if isinstance(file, Upload) else Upload(*file) for file in files]
+        channel_id = int(message["channel_id"])
+        message["attachments"] = [self._attachment(channel_id, upload) for upload in uploads]
+        if any(upload.voice for upload in uploads):
+            message["flags"] |= VOICE_MESSAGE_FLAG
 
-    async def _file(self, request: web.Request) -> web.Response:
-        key = (int(request.match_info["channel"]), int(request.match_info["attachment"]))
-        found = self._files.get(key)
-        if found is None or found[0] != request.match_info["filename"]:
+    def _attachment(self, channel_id: int, upload: Upload) -> _Json:
+        attachment_id = self._snowflake()
+        self._files[(channel_id, attachment_id)] = upload
+        url = self._signed_link(channel_id, attachment_id, upload.filename)
+        attachment: _Json = {
+            "id": str(attachment_id),
+            "filename": upload.filename,
+            "size": len(upload.data) if upload.size is None else upload.size,
+            "url": url,
+            "proxy_url": url,
+            "flags": 0,
+        }
+        if upload.content_type is not None:
+            attachment["content_type"] = upload.content_type
+            if upload.content_type.startswith("image/"):
+                attachment["width"], attachment["height"] = _image_size(upload.data)
+        if upload.voice:
+            attachment["duration_secs"] = upload.seconds
+            attachment["waveform"] = _waveform(upload.data)
+        return attachment
+
+    def _signed_link(self, channel_id: int, attachment_id: int, filename: str) -> str:
+        """The CDN's link: ``ex`` (expiry) and ``is`` (issued) in hex seconds, ``hm`` their
+        signature, as Discord's CDN signs attachment URLs."""
+        issued = int(time.time() + self._cdn_skew)
+        validity = f"ex={issued + CDN_LINK_SECONDS:08x}&is={issued:08x}"
+        signature = self._cdn_signature(f"{channel_id}/{attachment_id}/{filename}", validity)
+        path = f"/attachments/{channel_id}/{attachment_id}/{quote(filename)}"
+        return f"{self.url}{path}?{validity}&hm={signature}&"
+
+    def _cdn_signature(self, where: str, validity: str) -> str:
+        message = f"{where}?{validity}".encode()
+        return hmac.new(self._cdn_key, message, hashlib.sha256).hexdigest()
+
+    async def _cdn(self, request: web.Request) -> web.Response:
+        """An attachment's bytes, as Discord's CDN serves them (no token asked for)."""
+        header = request.headers.get("Authorization")
+        response = self._cdn_answer(request)
+        call = Call("GET", request.path, None, dict(request.query), time.time(), response.status)
+        self.calls.append(replace(call, token=header))
+        self._notify()
+        return response
+
+    def _cdn_answer(self, request: web.Request) -> web.Response:
+        failure = self._take_failure("GET", request.path)
+        if failure is not None:
+            return self._failure_response(failure)
+        info = request.match_info
+        channel_id, attachment_id = int(info["channel"]), int(info["attachment"])
+        upload = self._files.get((channel_id, attachment_id))
+        if upload is None or upload.filename != info["filename"]:
             return web.Response(status=404, text="404: Not Found")
-        _, content_type, data = found
-        return web.Response(body=data, headers={"Content-Type": content_type})
+        if not self._valid_link(f"{channel_id}/{attachment_id}/{upload.filename}", request.query):
+            return web.Response(status=404, text=LINK_GONE)
+        content_type = upload.content_type or "application/octet-stream"
+        return web.Response(body=upload.data, headers={"Content-Type": content_type})
+
+    def _valid_link(self, where: str, query: Any) -> bool:
+        """Whether the link's signature is the CDN's and its expiry still ahead."""
+        expires, issued = query.get("ex", ""), query.get("is", "")
+        validity = f"ex={expires}&is={issued}"
+        signed = hmac.compare_digest(query.get("hm", ""), self._cdn_signature(where, validity))
+        try:
+            return signed and int(expires, 16) > time.time() + self._cdn_skew
+        except ValueError:
+            return False
 
     def _dm_channel(self, user_id: int) -> int:
         if user_id not in self._dm_channels:
@@ -1426,7 +1529,6 @@ class FakeDiscord:
         mentions: list[_Json] | None = None,
         components: list[_Json] | None = None,
         embeds: list[_Json] | None = None,
-        attachments: list[_Json] | None = None,
         roles: list[int] | None = None,
         guild: bool = True,
     ) -> _Json:
@@ -1442,7 +1544,7 @@ class FakeDiscord:
             "mention_everyone": False,
             "mentions": mentions or [],
             "mention_roles": [],
-            "attachments": attachments or [],
+            "attachments": [],
             "embeds": embeds or [],
             "components": components or [],
             "pinned": False,

@@ -33,8 +33,11 @@ What the real library does against it, as these tests pin down:
   ``Thread`` and calls it ``on_thread_join``, not ``on_thread_update``.
 - ``Member.roles`` keeps only the role ids the guild cache knows (plus @everyone): a role must
   arrive (GUILD_ROLE_CREATE or GUILD_CREATE) before a message naming it.
-- ``Attachment.read()`` fetches ``url`` with the bot's HTTP session and no token; without the
-  MESSAGE_CONTENT intent a guild message's attachments arrive empty, like its content.
+- ``Attachment.read()`` fetches ``url`` with the bot's HTTP session and no token, whole, and
+  raises ``NotFound``/``Forbidden`` for a 404/403; without the MESSAGE_CONTENT intent a guild
+  message's attachments arrive empty, like its content. ``Attachment.is_voice_message()`` is
+  true when the attachment has ``duration_secs`` and a ``waveform``; the message's
+  IS_VOICE_MESSAGE flag is ``Message.flags.voice``.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import pytest
+import yarl
 
 from .changes import Changes
 from .discord import (
@@ -60,10 +64,12 @@ from .discord import (
     CHANNEL_ID,
     GUILD_ID,
     IMAGE_SIZE,
+    LINK_GONE,
     MAX_CONTENT_CHARS,
     OWNER_ID,
     USER_ID,
     FakeDiscord,
+    Upload,
 )
 from .patience import deadline
 
@@ -717,6 +723,59 @@ async def test_attachments_are_stripped_without_the_intent(
     fake.dm(USER_ID, "a picture", attachments=files)
     await bot.wait_until(lambda: len(bot.from_people()) == 2, "both messages")
     assert [len(m.attachments) for m in bot.from_people()] == [0, 1]
+
+
+async def test_a_voice_message_is_shaped_as_discords(fake: FakeDiscord, bot: Bot) -> None:
+    thread = fake.user_thread(CHANNEL_ID, "talk")
+    fake.user_message(thread, "", attachments=[Upload.voice_message(b"OggS voice", seconds=3.5)])
+    fake.dm(USER_ID, "", attachments=[Upload("report", None, b"%PDF-1.7")])
+    await bot.wait_until(lambda: len(bot.from_people()) == 2, "both messages")
+    voice, unlabelled = bot.from_people()
+    (note,) = voice.attachments
+    assert voice.flags.voice and note.is_voice_message()
+    assert (note.filename, note.content_type, note.duration) == (
+        "voice-message.ogg",
+        "audio/ogg",
+        3.5,
+    )
+    assert note.waveform and len(note.waveform) <= 256
+    assert await lib(note.read()) == b"OggS voice"
+    (report,) = unlabelled.attachments
+    assert (report.content_type, report.is_voice_message()) == (None, False)
+    assert not unlabelled.flags.voice
+
+
+async def test_the_cdn_serves_signed_links_for_a_day_to_anyone(fake: FakeDiscord, bot: Bot) -> None:
+    fake.dm(USER_ID, "", attachments=[Upload("a.txt", "text/plain", b"hello", size=99)])
+    await bot.wait_until(lambda: bot.from_people(), "the message")
+    (attachment,) = bot.from_people()[0].attachments
+    assert attachment.size == 99, "the size declared, whatever is served"
+    url = yarl.URL(attachment.url)
+    assert set(url.query) == {"ex", "is", "hm"}
+    assert int(url.query["ex"], 16) - int(url.query["is"], 16) == 24 * 3600
+    assert await lib(attachment.read()) == b"hello"
+    (fetch,) = fake.calls_to("GET", "/attachments/")
+    assert (fetch.status, fetch.token) == (200, None), "discord.py sends no token to the CDN"
+    async with aiohttp.ClientSession() as http:
+        forged = url.update_query(hm="0" * 64)
+        async with http.get(forged) as response:
+            assert (response.status, await response.text()) == (404, LINK_GONE)
+        fake.expire_attachment_links()
+        async with http.get(url) as response:
+            assert (response.status, await response.text()) == (404, LINK_GONE)
+    fake.dm(USER_ID, "", attachments=[("b.txt", "text/plain", b"fresh")])
+    await bot.wait_until(lambda: len(bot.from_people()) == 2, "the second message")
+    assert await lib(bot.from_people()[1].attachments[0].read()) == b"fresh"
+
+
+async def test_the_cdns_refusals_can_be_scripted(fake: FakeDiscord, bot: Bot) -> None:
+    fake.dm(USER_ID, "", attachments=[("a.txt", "text/plain", b"hello")])
+    await bot.wait_until(lambda: bot.from_people(), "the message")
+    (attachment,) = bot.from_people()[0].attachments
+    fake.fail_next("GET", "/attachments/", status=403)
+    with pytest.raises(discord.Forbidden):
+        await lib(attachment.read())
+    assert await lib(attachment.read()) == b"hello", "only the next one"
 
 
 # --- application commands ---
