@@ -29,6 +29,7 @@ import yarl
 from channels.discord.library import discord
 from core.channel import Attachment, AttachmentKind
 from core.errors import DownloadError
+from core.text import size_in_words
 
 logger = logging.getLogger(__name__)
 
@@ -151,8 +152,8 @@ def _mapped_errors(attachment: Attachment, limit: int) -> Iterator[None]:
     try:
         yield
     except _TooLarge as exc:
-        size = "" if exc.size is None else f" ({_size(exc.size)})"
-        words = f"{name}{size} is larger than the {_size(limit)} Kaiwa downloads"
+        size = "" if exc.size is None else f" ({size_in_words(exc.size)})"
+        words = f"{name}{size} is larger than the {size_in_words(limit)} Kaiwa downloads"
         raise _failed(attachment, words, "too large") from exc
     except aiohttp.ClientResponseError as exc:
         if exc.status in EXPIRED:
@@ -172,10 +173,3 @@ def _failed(attachment: Attachment, words: str, why: str) -> DownloadError:
     url = yarl.URL(attachment.source).with_query(None)  # the signature stays out of the log
     logger.warning("Discord: could not download %s from %s: %s", attachment.name, url, why)
     return DownloadError(words)
-
-
-def _size(size: int) -> str:
-    """A size as people say it: 25 MB, 1.5 MB, 300 KB (of 1,024)."""
-    if size >= MIB:
-        return f"{size / MIB:.1f}".removesuffix(".0") + " MB"
-    return f"{max(1, round(size / 1024))} KB"
