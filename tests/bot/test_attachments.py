@@ -20,6 +20,9 @@ import docx
 import pytest
 from fpdf import FPDF
 
+from tests.fakes.discord import BOT_TOKEN as DISCORD_TOKEN
+from tests.fakes.discord import FakeDiscord
+from tests.fakes.discord import Upload as DiscordUpload
 from tests.fakes.ollama import FakeOllama, Text
 from tests.fakes.slack import APP_TOKEN as SLACK_APP
 from tests.fakes.slack import BOT_TOKEN as SLACK_BOT
@@ -125,7 +128,33 @@ async def slack() -> AsyncIterator[Sent]:
         )
 
 
+@asynccontextmanager
+async def discord() -> AsyncIterator[Sent]:
+    async with FakeDiscord() as fake:
+        person = 4242
+
+        def voice(note: bytes, seconds: int) -> None:
+            fake.dm(person, "", attachments=[DiscordUpload.voice_message(note, seconds)])
+
+        def file(name: str, data: bytes, mime: str, caption: str) -> None:
+            fake.dm(person, caption, attachments=[DiscordUpload(name, mime or None, data)])
+
+        config = (
+            f'[channels.discord]\napi_base = "{fake.api_base}"\n'
+            f'gateway_url = "{fake.gateway_url}"\nallowed_users = [{person}]\n'
+        )
+        yield Sent(
+            config,
+            {"KAIWA_DISCORD_TOKEN": DISCORD_TOKEN},
+            voice,
+            file,
+            lambda: [message.content for message in fake.all_messages()],
+            lambda condition: fake.wait_until(condition),
+        )
+
+
 HARNESSES: dict[str, Callable[[], AbstractAsyncContextManager[Sent]]] = {
+    "discord": discord,
     "telegram": telegram,
     "slack": slack,
 }
