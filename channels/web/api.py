@@ -70,6 +70,7 @@ MAX_IMAGES = 4
 MAX_IMAGE_BYTES = 10 * 1024 * 1024
 MAX_MESSAGE_BODY = MAX_BODY + MAX_IMAGES * (MAX_IMAGE_BYTES * 4 // 3 + 64)
 """A message's body: its text and up to `MAX_IMAGES` pictures, base64 in JSON."""
+READ_CHUNK = 1 << 16
 IMAGE_TYPES = {
     b"\x89PNG\r\n\x1a\n": "image/png",
     b"\xff\xd8\xff": "image/jpeg",
@@ -391,13 +392,18 @@ def _entry(entry: Entry) -> dict[str, Any]:
 
 
 async def _json(request: web.Request, most: int = MAX_BODY) -> dict[str, Any]:
-    """The request's JSON object, read up to `most` bytes (the shared server's own cap is for
-    the platforms' small posts; a message with pictures is larger)."""
-    raw = await request.content.read(most + 1)
-    if len(raw) > most:
-        raise web.HTTPRequestEntityTooLarge(
-            max_size=most, actual_size=request.content_length or len(raw)
-        )
+    """The request's JSON object, read whole up to `most` bytes (the shared server's own cap is
+    for the platforms' small posts; a message with pictures is larger). Read chunk by chunk: one
+    read gives only what has arrived so far."""
+    raw = bytearray()
+    if (request.content_length or 0) <= most:
+        async for chunk in request.content.iter_chunked(READ_CHUNK):
+            raw += chunk
+            if len(raw) > most:
+                break
+    size = max(request.content_length or 0, len(raw))
+    if size > most:
+        raise web.HTTPRequestEntityTooLarge(max_size=most, actual_size=size)
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
