@@ -282,8 +282,10 @@ class WebApi:
         if person is None:
             return _unsigned()
         found = self._board.uploads.file(request.query.get("id", ""))
-        data = self._board.uploads.data(found[1].id) if found else None
-        if found is None or data is None or not self._owns(person, found[0]):
+        if found is None or not self._owns(person, found[0]):
+            return _missing("file")
+        data = self._board.uploads.data(found[1].id)
+        if data is None:
             return _missing("file")
         return web.Response(
             body=data,
