@@ -13,13 +13,19 @@ the JSON body or the query string:
 - `GET /` the page; `GET /login?key=` a one-time link exchanged for the cookie (the key leaves
   the address bar by a redirect); `GET /static/...` the page's files.
 - `GET /api/conversations`, `POST /api/conversations` (a new one).
-- `POST /api/messages` `{conversation, text, client_id}`: the person's message. `client_id` is
-  the page's own id for it and the message's id for the dispatcher, so a page that sends it
-  again (its answer was lost) sends the same message: shown once, answered once. It answers only
-  once the message is recorded (503 when the store refused it, and the page tries again).
-  Up to `MAX_IMAGES` pictures may come with it (`images`, base64; PNG, JPEG, GIF or WebP, told
-  by their bytes, never by what the page says), stored with the bubble and served back to the
-  person alone (`GET /api/image?id=`); the dispatcher decides whether the model sees them.
+- `POST /api/messages` `{conversation, text, client_id, images, files}`: the person's message.
+  `client_id` is the page's own id for it and the message's id for the dispatcher, so a page
+  that sends it again (its answer was lost) sends the same message: shown once, answered once,
+  with the files kept the first time. It answers only once the message is recorded (503 when
+  the store refused it, and the page tries again). Up to `uploads.MAX_IMAGES` pictures may come
+  with it (`images`, base64; PNG, JPEG, GIF or WebP, told by their bytes, never by what the
+  page says), and up to `uploads.MAX_FILES` files of any kind (`files`, `[{name, type, data}]`,
+  data in base64), each refused past its cap with the sizes in words (`channels.web.uploads`).
+  Both are kept with the bubble, unless the person may not use Kaiwa (the dispatcher refuses
+  them, and a stranger is left no storage), and served back to the person alone: a picture
+  inline (`GET /api/image?id=`), a file as a download (`GET /api/file?id=`). The dispatcher
+  gets the pictures' bytes and the files as `ChannelMessage.attachments` (`source`: the file's
+  id), which the core fetches through `WebChannel.download`.
 - `POST /api/press` `{conversation, command}`: a button's press, delivered as that command.
   Its answer is for the presser alone, as a platform's private answer is
   (`channels.presses`): it comes back in the response (`answer`: text, html and buttons), for
@@ -35,8 +41,6 @@ proxies as plain HTTP.
 """
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import html
 import json
@@ -51,10 +55,10 @@ from aiohttp import web
 
 from channels.places import WebPlace
 from channels.presses import Press, pressing
-from channels.web import markup, security
-from channels.web.board import Board, Entry, Picture
+from channels.web import markup, security, uploads
+from channels.web.board import Board, Entry
 from channels.web.streams import Event
-from core.channel import Button, ChannelMessage, Deliver
+from core.channel import Attachment, Button, ChannelMessage, Deliver
 from core.errors import StoreError
 
 logger = logging.getLogger(__name__)
@@ -66,18 +70,15 @@ STATIC_FILES = {
 }
 PING_SECONDS = 15.0
 MAX_BODY = 256 * 1024
-MAX_IMAGES = 4
-MAX_IMAGE_BYTES = 10 * 1024 * 1024
-MAX_MESSAGE_BODY = MAX_BODY + MAX_IMAGES * (MAX_IMAGE_BYTES * 4 // 3 + 64)
-"""A message's body: its text and up to `MAX_IMAGES` pictures, base64 in JSON."""
-IMAGE_TYPES = {
-    b"\x89PNG\r\n\x1a\n": "image/png",
-    b"\xff\xd8\xff": "image/jpeg",
-    b"GIF87a": "image/gif",
-    b"GIF89a": "image/gif",
-}
-"""What a picture's first bytes say it is (WebP, a RIFF file, is read apart); nothing else is
-taken: an SVG can carry script."""
+MAX_MESSAGE_BODY = MAX_BODY + uploads.MOST_ENCODED
+"""A message's body: its text, and its pictures and files at their caps, base64 in JSON (about
+126 MB)."""
+MESSAGE_TOO_LARGE = (
+    f"a message takes files up to {uploads.size_words(uploads.MAX_FILE_BYTES)} each and "
+    f"{uploads.size_words(uploads.MAX_FILES_BYTES)} together, and {uploads.MAX_IMAGES} pictures "
+    f"up to {uploads.size_words(uploads.MAX_IMAGE_BYTES)} each: send fewer with this one"
+)
+READ_CHUNK = 1 << 16
 SIGN_IN = (
     "<!doctype html><html lang=en><meta charset=utf-8><title>Kaiwa: sign in</title>"
     "<body><main><h1>Kaiwa</h1><p>{what}</p></main></body></html>"
@@ -119,6 +120,7 @@ class WebApi:
             ("POST", "/api/press"): self._press,
             ("GET", "/api/events"): self._events,
             ("GET", "/api/image"): self._image,
+            ("GET", "/api/file"): self._file,
         }
         routes |= {("GET", path): self._static for path in STATIC_FILES}
         return {route: self._checked(handler, route[0]) for route, handler in routes.items()}
@@ -213,25 +215,27 @@ class WebApi:
         person = self._person(request)
         if person is None:
             return _unsigned()
-        body = await _json(request, MAX_MESSAGE_BODY)
+        body = await _json(request, MAX_MESSAGE_BODY, MESSAGE_TOO_LARGE)
         conversation, text = _text(body, "conversation"), _text(body, "text")
         client_id = _text(body, "client_id")
         if not self._owns(person, conversation):
             return _missing()
-        pictures = _pictures(body.get("images"))
-        if isinstance(pictures, str):
-            return web.json_response({"error": pictures}, status=400)
+        pictures, files = uploads.pictures(body.get("images")), uploads.files(body.get("files"))
+        if isinstance(pictures, str) or isinstance(files, str):
+            return _refused(pictures if isinstance(pictures, str) else str(files))
+        if not (text.strip() or pictures or files) or not client_id or len(client_id) > 64:
+            return _refused("a message needs text, a picture or a file, and a client_id")
         if not self._people.may_use(person):
-            pictures = ()  # refused by the dispatcher, which must not leave a stranger storage
-        if not (text.strip() or pictures) or not client_id or len(client_id) > 64:
-            return web.json_response(
-                {"error": "a message needs text or a picture, and a client_id"}, status=400
-            )
+            pictures, files = (), ()  # the dispatcher refuses them: a stranger gets no storage
         bubble_id = f"p-{client_id}"
-        if self._board.bubble(bubble_id) is None:
-            self._board.post(conversation, "person", text, bubble_id=bubble_id, images=pictures)
+        bubble = self._board.bubble(bubble_id) or self._board.post(
+            conversation, "person", text, bubble_id=bubble_id, images=pictures, files=files
+        )
+        if bubble.conversation != conversation:
+            return _refused("that client_id is another message's: send it with a new one")
         images = tuple(each.data for each in pictures)
-        return await self._delivered(person, conversation, client_id, text, images)
+        attachments = tuple(each.attachment() for each in bubble.files)
+        return await self._delivered(person, conversation, client_id, text, images, attachments)
 
     async def _press(self, request: web.Request) -> web.StreamResponse:
         person = self._person(request)
@@ -261,14 +265,32 @@ class WebApi:
         person = self._person(request)
         if person is None:
             return _unsigned()
-        found = self._board.image(request.query.get("id", ""))
+        found = self._board.uploads.image(request.query.get("id", ""))
         if found is None or not self._owns(person, found[0]):
-            return _missing()
+            return _missing("picture")
         picture = found[1]
         return web.Response(
             body=picture.data,
             content_type=picture.type,
             headers={"Content-Disposition": "inline", "Cache-Control": "private, max-age=86400"},
+        )
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        """A file a person sent, for them alone, always as a download of bytes: whatever it
+        says it is, it is never shown in the page's origin."""
+        person = self._person(request)
+        if person is None:
+            return _unsigned()
+        found = self._board.uploads.file(request.query.get("id", ""))
+        if found is None or not self._owns(person, found[0]):
+            return _missing("file")
+        data = self._board.uploads.data(found[1].id)
+        if data is None:
+            return _missing("file")
+        return web.Response(
+            body=data,
+            content_type=uploads.UNKNOWN_TYPE,
+            headers={"Content-Disposition": uploads.disposition(found[1].name)},
         )
 
     async def _delivered(
@@ -278,6 +300,7 @@ class WebApi:
         message_id: str,
         text: str,
         images: tuple[bytes, ...] = (),
+        attachments: tuple[Attachment, ...] = (),
     ) -> web.Response:
         assert self._deliver is not None
         message = ChannelMessage(
@@ -289,6 +312,7 @@ class WebApi:
             author_name=person,
             images=images,
             redeliverable=True,
+            attachments=attachments,
         )
         try:
             await self._deliver(message)
@@ -390,14 +414,23 @@ def _entry(entry: Entry) -> dict[str, Any]:
     }
 
 
-async def _json(request: web.Request, most: int = MAX_BODY) -> dict[str, Any]:
-    """The request's JSON object, read up to `most` bytes (the shared server's own cap is for
-    the platforms' small posts; a message with pictures is larger)."""
-    raw = await request.content.read(most + 1)
-    if len(raw) > most:
-        raise web.HTTPRequestEntityTooLarge(
-            max_size=most, actual_size=request.content_length or len(raw)
-        )
+async def _json(
+    request: web.Request, most: int = MAX_BODY, too_large: str = "the request is too large"
+) -> dict[str, Any]:
+    """The request's JSON object, read whole up to `most` bytes, or refused (413, saying
+    `too_large`) once it is past them (the shared server's own cap is for the platforms' small
+    posts; a message with pictures and files is larger). Read chunk by chunk: one read gives
+    only what has arrived so far."""
+    raw = bytearray()
+    if (request.content_length or 0) <= most:
+        async for chunk in request.content.iter_chunked(READ_CHUNK):
+            raw += chunk
+            if len(raw) > most:
+                break
+    size = max(request.content_length or 0, len(raw))
+    if size > most:
+        words = f"{too_large} (this one is {uploads.size_words(size)})"
+        raise web.HTTPRequestEntityTooLarge(max_size=most, actual_size=size, text=words)
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -405,33 +438,6 @@ async def _json(request: web.Request, most: int = MAX_BODY) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text="the body must be a JSON object")
     return body
-
-
-def _pictures(given: Any) -> tuple[Picture, ...] | str:
-    """The pictures of a message body (base64 strings), or why they are refused."""
-    if given is None:
-        return ()
-    if not isinstance(given, list) or len(given) > MAX_IMAGES:
-        return f"a message takes at most {MAX_IMAGES} pictures"
-    pictures = []
-    for each in given:
-        try:
-            data = base64.b64decode(each if isinstance(each, str) else "", validate=True)
-        except binascii.Error:
-            return "a picture must be base64"
-        if len(data) > MAX_IMAGE_BYTES:
-            return f"a picture may be at most {MAX_IMAGE_BYTES // (1024 * 1024)} MB"
-        kind = _image_type(data)
-        if kind is None:
-            return "only PNG, JPEG, GIF and WebP pictures are taken"
-        pictures.append(Picture(kind, data))
-    return tuple(pictures)
-
-
-def _image_type(data: bytes) -> str | None:
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    return next((kind for magic, kind in IMAGE_TYPES.items() if data.startswith(magic)), None)
 
 
 def _text(body: dict[str, Any], key: str) -> str:
@@ -454,5 +460,9 @@ def _unsigned() -> web.Response:
     return web.json_response({"error": "not signed in: open the link Kaiwa printed"}, status=401)
 
 
-def _missing() -> web.Response:
-    return web.json_response({"error": "no such conversation"}, status=404)
+def _refused(why: str) -> web.Response:
+    return web.json_response({"error": why}, status=400)
+
+
+def _missing(what: str = "conversation") -> web.Response:
+    return web.json_response({"error": f"no such {what}"}, status=404)

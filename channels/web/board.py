@@ -24,7 +24,8 @@ What a reply is doing (its status line, the model's thinking) is the conversatio
 `activity`, kept beside its bubbles rather than in a bubble's text: it changes without the text
 changing, and it exists before the reply's first word. It is only ever true of a running reply,
 so a board opened by a new process clears what a dead one left. A bubble may carry `cards`
-(`core.channel.Card`: a status message's sub-agents), shown by the page as live cards.
+(`core.channel.Card`: a status message's sub-agents), shown by the page as live cards. A
+person's bubble keeps the pictures and files its message came with (`channels.web.uploads`).
 
 Writes are a row each on the event loop: SQLite in WAL mode with `synchronous=NORMAL` commits
 in some tens of microseconds without waiting for the disk, and a reply changes its bubble a few
@@ -34,13 +35,15 @@ times a second at most. Readers (pages) never block the writer.
 import json
 import secrets
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from channels.web.streams import Event, Streams
+from channels.web.uploads import TABLE as FILES_TABLE
+from channels.web.uploads import FileUpload, KeptFile, Picture, Uploads
 from core.channel import Button, Card
 
 TITLE_CHARS = 60
@@ -72,6 +75,7 @@ MIGRATIONS = (
     ALTER TABLE conversations ADD COLUMN thinking TEXT NOT NULL DEFAULT '';
     ALTER TABLE conversations ADD COLUMN activity_seq INTEGER NOT NULL DEFAULT 0;
     """,
+    FILES_TABLE,
 )
 """What a board of each earlier version (`PRAGMA user_version`, the index here) lacks."""
 
@@ -90,8 +94,10 @@ class Bubble:
     at: str = ""
     seq: int = 0
     images: tuple[str, ...] = ()
-    """The ids of the pictures a person's message came with (`Board.image`)."""
+    """The ids of the pictures a person's message came with (`Uploads.image`)."""
     cards: tuple[Card, ...] = ()
+    files: tuple[KeptFile, ...] = ()
+    """The files a person's message came with (`Uploads.file`)."""
 
 
 @dataclass(frozen=True)
@@ -104,14 +110,6 @@ class Entry:
     updated: str
     seq: int
     writing: bool = False
-
-
-@dataclass(frozen=True)
-class Picture:
-    """A picture a person sent: its media type (`image/png`, ...) and its bytes."""
-
-    type: str
-    data: bytes
 
 
 @dataclass(frozen=True)
@@ -138,6 +136,8 @@ class Board:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
         self._migrate()
+        self.uploads = Uploads(self._db)
+        """The pictures and files of people's bubbles."""
         self._seq = max(
             self._db.execute("SELECT coalesce(max(seq), 0) FROM bubbles").fetchone()[0],
             self._db.execute(
@@ -203,38 +203,31 @@ class Board:
         *,
         streaming: bool = False,
         bubble_id: str | None = None,
-        images: Sequence[Picture] = (),
+        images: tuple[Picture, ...] = (),
+        files: tuple[FileUpload, ...] = (),
     ) -> Bubble:
         """A new bubble at the end of `conversation` (which must exist), with its own id
         unless `bubble_id` gives one (a person's message: the page's id for it), and the
-        pictures it came with."""
+        pictures and files it came with (a message of files alone is titled by their names)."""
         entry = self.entry(conversation)
         if entry is None:
             raise UnknownBubble(conversation)
         made = bubble_id or secrets.token_hex(8)
-        image_ids = tuple(secrets.token_hex(8) for _ in images)
-        bubble = Bubble(
-            made, conversation, role, text, buttons, streaming, False, _now(), images=image_ids
-        )
+        bubble = Bubble(made, conversation, role, text, buttons, streaming, False, _now())
 
         def write(seq: int) -> Bubble:
-            written = replace(bubble, seq=seq)
             self._db.execute(
-                "INSERT INTO bubbles VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _bubble_row(written)
+                "INSERT INTO bubbles VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                _bubble_row(replace(bubble, seq=seq)),
             )
-            self._db.executemany(
-                "INSERT INTO images VALUES (?, ?, ?, ?)",
-                [
-                    (image, made, each.type, each.data)
-                    for image, each in zip(image_ids, images, strict=True)
-                ],
-            )
+            kept_images, kept_files = self.uploads.keep(bubble.id, images, files)
             if role == "person" and entry.title == UNTITLED:
-                title = " ".join(text.split())[:TITLE_CHARS] or UNTITLED
+                words = text or " ".join(each.name for each in files)
+                title = " ".join(words.split())[:TITLE_CHARS] or UNTITLED
                 self._db.execute(
                     "UPDATE conversations SET title = ? WHERE id = ?", (title, conversation)
                 )
-            return written
+            return replace(bubble, seq=seq, images=kept_images, files=kept_files)
 
         return self._change(entry.person, conversation, write, moved=True)
 
@@ -285,15 +278,6 @@ class Board:
     def bubble(self, bubble_id: str) -> Bubble | None:
         found = self._db.execute("SELECT * FROM bubbles WHERE id = ?", (bubble_id,)).fetchone()
         return self._bubble(found) if found else None
-
-    def image(self, image_id: str) -> tuple[str, Picture] | None:
-        """A picture and the conversation its message is in; None if there is no such one."""
-        found = self._db.execute(
-            "SELECT conversation, type, data FROM images JOIN bubbles ON bubbles.id = bubble "
-            "WHERE images.id = ?",
-            (image_id,),
-        ).fetchone()
-        return (found[0], Picture(found[1], bytes(found[2]))) if found else None
 
     def bubbles(self, conversation: str) -> list[Bubble]:
         rows = self._db.execute(
@@ -414,10 +398,8 @@ class Board:
         return bool(found and found[0])
 
     def _bubble(self, row: sqlite3.Row) -> Bubble:
-        images = self._db.execute(
-            "SELECT id FROM images WHERE bubble = ? ORDER BY rowid", (row["id"],)
-        )
-        return replace(_bubble(row), images=tuple(image for (image,) in images))
+        images, files = self.uploads.of(row["id"])
+        return replace(_bubble(row), images=images, files=files)
 
     def _entry(self, row: sqlite3.Row) -> Entry:
         writing = self._writing(row["id"])

@@ -7,7 +7,9 @@ writes replies through the same `channels.rendering.StreamingReply` as the platf
 reply being written; `channels.web.reply` shows beside the words what a platform folds into
 them (the status line, the thinking, sub-agents' cards). A press of a button, or a message
 typed, reaches the dispatcher as a `ChannelMessage` from the person signed in; commands are the
-same as everywhere, and a press's answer is the presser's alone, as on the platforms.
+same as everywhere, and a press's answer is the presser's alone, as on the platforms. The files
+a message came with are kept on the board too (`channels.web.uploads`), so `download` reads
+them from web.db, in this process or in another after a restart.
 
 The process owns the work, not the page: a reply goes on when its tab closes, is on the board
 when a page opens again, and every open page of the person (two tabs, two browsers) sees each
@@ -33,8 +35,8 @@ from channels.web.api import WebApi
 from channels.web.board import Board
 from channels.web.reply import WebReply
 from channels.web.transport import WebTransport
-from core.channel import Button, ChannelTraits, Deliver, OnPost, Reply
-from core.errors import ChannelError
+from core.channel import Attachment, Button, ChannelTraits, Deliver, OnPost, Reply
+from core.errors import ChannelError, DownloadError
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +131,15 @@ class WebChannel(ConnectionState):
     async def edit_notice(self, place: str, message_id: str, text: str) -> None:
         transport = WebTransport(self.board, WebPlace.of(place).conversation, role="notice")
         await replace_notice(transport, message_id, text, NOTICE_SECONDS)
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        """A file a person sent, from the board: at most `limit` bytes (a larger one is
+        refused before it is read), a `DownloadError` in words for them otherwise."""
+        try:
+            return self.board.uploads.fetch(attachment, limit)
+        except DownloadError as exc:
+            logger.warning("web chat: file %s not handed over: %s", attachment.source, exc)
+            raise
 
 
 def link_for(settings: WebSettings, data_dir: Path) -> str:

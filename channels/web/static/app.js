@@ -24,6 +24,10 @@
 // - Pictures (pasted, dropped or chosen) go with the next message as base64; the server tells
 //   their kind by their bytes and keeps them with the bubble, which shows them from the server
 //   (`/api/image`), so a reload shows them as sent. Until then a preview is a local blob: URL.
+// - Any other file (a document, a recording) goes the same way, in `files`, shown as a chip
+//   until sent and then in the bubble as a link that downloads it back (`/api/file`). The caps
+//   are the server's (channels/web/uploads.py), checked here first so the person hears them
+//   before a long upload; the server says the same words if a page gets past them.
 "use strict";
 
 (() => {
@@ -35,6 +39,9 @@
   const PICTURES_MOST = 4;
   const PICTURE_BYTES_MOST = 10 * 1024 * 1024;
   const PICTURE_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
+  const FILES_MOST = 10;
+  const FILE_BYTES_MOST = 25 * 1024 * 1024;
+  const FILES_BYTES_MOST = 50 * 1024 * 1024; // a message's files together
   const SIGNED_OUT =
     "Signed out: open the link Kaiwa printed (web chat: …), or run `kaiwa web-link` for a new one.";
 
@@ -52,6 +59,8 @@
     views: element("views"),
     addPicture: element("add-picture"),
     pictureFile: element("picture-file"),
+    attachFiles: element("attach-files"),
+    anyFile: element("any-file"),
     answer: element("answer"),
     answerTitle: element("answer-title"),
     closeAnswer: element("close-answer"),
@@ -68,6 +77,7 @@
     seenIn: new Map(), // conversation id ("" for none) → the last event id its stream saw
     activity: new Map(), // conversation id → {status, thinking, seq}
     attached: [], // pictures for the next message: {name, data (base64), preview (blob: URL)}
+    files: [], // other files for the next message: {name, type, size, data (base64)}
   };
 
   // ---- talking to the server ----
@@ -247,8 +257,38 @@
     }
     const buttons = document.createElement("div");
     buttons.className = "buttons";
-    article.append(who, body, pictures, buttons);
+    article.append(who, body, pictures, sentFiles(bubble.files ?? []), buttons);
     return article;
+  }
+
+  function sentFiles(files) {
+    // each a link that downloads it back: the server sends it as bytes to save, never to show
+    const list = document.createElement("ul");
+    list.className = "files";
+    for (const file of files) {
+      const item = document.createElement("li");
+      item.className = file.kind === "audio" ? "file audio" : "file";
+      const link = document.createElement("a");
+      link.href = `/api/file?id=${encodeURIComponent(file.id)}`;
+      link.download = file.name;
+      say(link, file.name);
+      const size = document.createElement("span");
+      size.className = "size";
+      say(size, sizeWords(file.size));
+      item.append(link, " ", size);
+      list.append(item);
+    }
+    return list;
+  }
+
+  function sizeWords(count) {
+    // as the server says it (channels/web/uploads.py): 31 MB, 203.5 KB, 900 bytes
+    for (const [unit, scale] of [["MB", 1024 * 1024], ["KB", 1024]]) {
+      if (count >= scale) {
+        return `${(count / scale).toFixed(1).replace(/\.0$/, "")} ${unit}`;
+      }
+    }
+    return `${count} bytes`;
   }
 
   function place(article, bubble) {
@@ -496,18 +536,20 @@
   async function send() {
     const text = ui.message.value.trim();
     const pictures = state.attached;
-    if (!text && !pictures.length) {
+    const chosen = state.files;
+    if (!text && !pictures.length && !chosen.length) {
       return;
     }
     ui.message.value = "";
-    attach([]);
+    attach([], []);
     const conversation = state.open ?? (await startConversation());
     if (!conversation) {
-      giveBack(text, pictures);
+      giveBack(text, pictures, chosen);
       return;
     }
     const images = pictures.map((picture) => picture.data);
-    outbox.push({ conversation, text, client_id: clientId(), images, pictures });
+    const files = chosen.map(({ name, type, data }) => ({ name, type, data }));
+    outbox.push({ conversation, text, client_id: clientId(), images, files, pictures, chosen });
     if (!sending) {
       sending = true;
       try {
@@ -524,7 +566,7 @@
   async function deliver(message) {
     for (let wait = RETRY_FIRST_MS; ; wait = Math.min(wait * 2, RETRY_MOST_MS)) {
       try {
-        const { pictures, ...body } = message;
+        const { pictures, chosen, ...body } = message;
         await post("/api/messages", body);
         pictures.forEach((picture) => URL.revokeObjectURL(picture.preview));
         say(ui.problem, "");
@@ -532,7 +574,7 @@
       } catch (error) {
         if (!isNetworkFailure(error)) {
           say(ui.problem, `Not sent: ${error.message}`);
-          giveBack(message.text, message.pictures);
+          giveBack(message.text, message.pictures, message.chosen);
           return;
         }
         say(ui.problem, "Not sent yet: no connection to Kaiwa. Trying again…");
@@ -541,36 +583,47 @@
     }
   }
 
-  function giveBack(text, pictures = []) {
+  function giveBack(text, pictures = [], files = []) {
     if (!ui.message.value) {
       ui.message.value = text; // nothing the person wrote is lost
     }
-    if (!state.attached.length) {
-      attach(pictures);
+    if (!state.attached.length && !state.files.length) {
+      attach(pictures, files);
     }
   }
 
-  // ---- pictures for the next message ----
+  // ---- pictures and files for the next message ----
 
-  function attach(pictures) {
+  function attach(pictures, files = state.files) {
     state.attached = pictures;
+    state.files = files;
     ui.attached.replaceChildren(
       ...pictures.map((picture, index) => {
-        const item = document.createElement("li");
         const preview = document.createElement("img");
         preview.src = picture.preview;
         preview.alt = picture.name;
-        const remove = document.createElement("button");
-        remove.type = "button";
-        say(remove, `Remove ${picture.name}`);
-        remove.addEventListener("click", () => {
+        return chip(picture.name, preview, () => {
           URL.revokeObjectURL(picture.preview);
           attach(state.attached.filter((_, other) => other !== index));
         });
-        item.append(preview, remove);
-        return item;
+      }),
+      ...files.map((file, index) => {
+        const named = document.createElement("span");
+        named.className = "file";
+        say(named, `${file.name} (${sizeWords(file.size)})`);
+        return chip(file.name, named, () => attach(state.attached, state.files.filter((_, other) => other !== index)));
       }),
     );
+  }
+
+  function chip(name, shown, remove) {
+    const item = document.createElement("li");
+    const button = document.createElement("button");
+    button.type = "button";
+    say(button, `Remove ${name}`);
+    button.addEventListener("click", remove);
+    item.append(shown, button);
+    return item;
   }
 
   function base64Of(file) {
@@ -599,6 +652,36 @@
     if (taken.length) {
       attach([...state.attached, ...taken]);
     }
+  }
+
+  async function takeFiles(files) {
+    const taken = [];
+    for (const file of files) {
+      const name = file.name || `file ${state.files.length + taken.length + 1}`;
+      const together = [...state.files, ...taken].reduce((sum, each) => sum + each.size, file.size);
+      if (file.size > FILE_BYTES_MOST) {
+        say(ui.problem, `${name} is ${sizeWords(file.size)}; the web chat takes files up to ${sizeWords(FILE_BYTES_MOST)}.`);
+      } else if (state.files.length + taken.length >= FILES_MOST) {
+        say(ui.problem, `A message takes at most ${FILES_MOST} files: send the others with the next message.`);
+      } else if (together > FILES_BYTES_MOST) {
+        say(
+          ui.problem,
+          `With ${name} these files are ${sizeWords(together)} together; the web chat takes up to ` +
+            `${sizeWords(FILES_BYTES_MOST)} in one message: send it with the next message.`,
+        );
+      } else {
+        taken.push({ name, type: file.type, size: file.size, data: await base64Of(file) });
+      }
+    }
+    if (taken.length) {
+      attach(state.attached, [...state.files, ...taken]);
+    }
+  }
+
+  function take(files) {
+    // a picture goes as a picture (the model may see it), anything else as a file
+    takePictures(files.filter((file) => PICTURE_TYPES.has(file.type)));
+    takeFiles(files.filter((file) => !PICTURE_TYPES.has(file.type)));
   }
 
   // ---- the event stream ----
@@ -703,7 +786,7 @@
     const files = [...(event.clipboardData?.files ?? [])];
     if (files.length) {
       event.preventDefault();
-      takePictures(files);
+      take(files);
     }
   });
   ui.composer.addEventListener("dragover", (event) => event.preventDefault());
@@ -711,10 +794,11 @@
     const files = [...(event.dataTransfer?.files ?? [])];
     if (files.length) {
       event.preventDefault();
-      takePictures(files);
+      take(files);
     }
   });
   ui.addPicture.addEventListener("click", () => ui.pictureFile.click());
+  ui.attachFiles.addEventListener("click", () => ui.anyFile.click());
   ui.closeAnswer.addEventListener("click", closeAnswer);
   // the views of a conversation (its sub-agents, tasks, plans, usage) are its commands' answers,
   // with their buttons (Stop one sub-agent, pause a task), as typed
@@ -729,6 +813,10 @@
   ui.pictureFile.addEventListener("change", () => {
     takePictures([...ui.pictureFile.files]);
     ui.pictureFile.value = "";
+  });
+  ui.anyFile.addEventListener("change", () => {
+    take([...ui.anyFile.files]);
+    ui.anyFile.value = "";
   });
   ui.message.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing && event.keyCode !== 229) {

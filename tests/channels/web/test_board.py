@@ -5,7 +5,8 @@ import sqlite3
 from pathlib import Path
 
 from channels.presses import STOP
-from channels.web.board import SCHEMA, UNTITLED, Board
+from channels.web.board import MIGRATIONS, SCHEMA, UNTITLED, Board
+from channels.web.uploads import FileUpload
 from core.channel import Button, Card
 
 
@@ -172,3 +173,33 @@ def test_a_board_from_before_cards_and_activity_opens_with_its_bubbles(tmp_path:
     assert board.latest == 2
     board.set_cards("b1", (Card("a1", "x", "done", "done", 1.0, "m", 1, (Button("X", "/x"),)),))
     board.close()
+
+
+def test_a_board_from_before_files_opens_with_its_bubbles_and_pictures_and_takes_files(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "web.db"
+    old = sqlite3.connect(path)
+    old.executescript(SCHEMA)
+    old.executescript(f"{MIGRATIONS[0]} PRAGMA user_version = 1;")
+    old.execute("INSERT INTO conversations VALUES ('c1', 'operator', 'Hi', 't', 't', 1, '', '', 0)")
+    old.execute("INSERT INTO bubbles VALUES ('b1', 'c1', 'person', 'Hi', '[]', 0, 0, 't', 2, '[]')")
+    old.execute("INSERT INTO images VALUES ('i1', 'b1', 'image/png', x'89504e47')")
+    old.commit()
+    old.close()
+
+    board = Board(path)
+    (bubble,) = board.bubbles("c1")
+    assert (bubble.text, bubble.images, bubble.files) == ("Hi", ("i1",), ())
+    upload = FileUpload("notes.txt", "text/plain", b"hello")
+    posted = board.post("c1", "person", "", bubble_id="b2", files=(upload,))
+    board.close()
+
+    again = Board(path)
+    stored = again.bubble("b2")
+    assert stored is not None
+    (kept,) = stored.files
+    assert kept == posted.files[0] and (kept.name, kept.size) == ("notes.txt", 5)
+    assert again.uploads.data(kept.id) == b"hello"
+    again.close()
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)

@@ -7,6 +7,7 @@ events themselves, and on the fake's pauses, never on time.
 
 import asyncio
 import base64
+import io
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -328,3 +329,31 @@ async def test_a_picture_kaiwa_does_not_take_is_refused_with_why(
     ) as answer:
         assert (answer.status, (await answer.json())["error"]) == (400, error)
     assert channel.board.bubbles(conversation) == [] and bot.ollama.requests == []
+
+
+@pytest.mark.bot(images=True)
+async def test_a_picture_of_some_megabytes_arrives_whole(
+    web: tuple[Bot, WebChannel], client: WebClient
+) -> None:
+    """Regression: the body was one read of the stream, which gives only what has arrived so
+    far, so a message with a picture of a few MB was refused as not JSON."""
+    bot, channel = web
+    bot.ollama.script(Text("A large picture."))
+    conversation = await client.new_conversation()
+    large = PNG + bytes(range(256)) * (3 * 1024 * 1024 // 256)
+    body = {
+        "conversation": conversation,
+        "text": "look",
+        "client_id": "c1",
+        "images": [base64.b64encode(large).decode()],
+    }
+    streamed = io.BytesIO(json.dumps(body).encode())
+    headers = client.headers | {"Content-Type": "application/json"}
+    async with client.session.post(
+        client.url + "/api/messages", data=streamed, headers=headers
+    ) as answer:
+        assert answer.status == 202, await answer.text()
+    (bubble,) = [b for b in channel.board.bubbles(conversation) if b.role == "person"]
+    (image_id,) = bubble.images
+    async with client.session.get(f"{client.url}/api/image?id={image_id}") as shown:
+        assert await shown.read() == large

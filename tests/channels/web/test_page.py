@@ -7,6 +7,7 @@ when a reply is half written. A test asks for `web` before `page`, so the page c
 the channel stops.
 """
 
+import asyncio
 import base64
 import os
 import re
@@ -20,6 +21,7 @@ from core.features.approvals.questions import ApprovalSettings
 from tests.channels.web.test_channel import PNG
 from tests.core.features.test_subagents import QUIET, RESEARCHER, reports, task
 from tests.fakes.ollama import Pause, Text, ToolCall
+from tests.fakes.voice import spoken_note
 from tests.harness import Bot
 
 SHOT_ENV = "KAIWA_README_SHOT"
@@ -312,6 +314,70 @@ async def test_a_chosen_picture_goes_with_the_message_and_shows_after_a_reload(
     await expect(sent).to_have_count(1)
     loaded = await sent.evaluate("image => image.complete && image.naturalWidth")
     assert loaded == 1, "the picture is served back from the board"
+
+
+async def test_attached_files_show_as_chips_go_with_the_message_and_download_back(
+    web: tuple[Bot, WebChannel], page: Page
+) -> None:
+    bot, channel = web
+    bot.ollama.script(Text("Two files, noted."))
+    await signed_in(page, channel)
+    conversation = await new_conversation(page)
+    chosen = [
+        {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"buy apples\n"},
+        {"name": "<b>draft</b>.md", "mimeType": "", "buffer": b"# Draft"},
+        {"name": "note.ogg", "mimeType": "audio/ogg", "buffer": spoken_note("hello")},
+    ]
+    async with page.expect_file_chooser() as choosing:
+        await page.get_by_role("button", name="Attach files").click()
+    await (await choosing.value).set_files(files=chosen)
+
+    to_send = page.get_by_role("list", name="To send with the message")
+    await expect(to_send.get_by_role("listitem")).to_have_count(3)
+    await expect(to_send).to_contain_text("notes.txt (11 bytes)")
+    await page.get_by_role("button", name="Remove <b>draft</b>.md").click()
+    await expect(to_send.get_by_role("listitem")).to_have_count(2)
+    await say(page, "keep these")
+    await bot.runner.wait_idle(f"web:operator:{conversation}")
+    await expect(to_send.get_by_role("listitem")).to_have_count(0)
+
+    sent = bubbles(page, "person")
+    await expect(sent.get_by_role("link")).to_have_text(["notes.txt", "note.ogg"])
+    await expect(sent.locator(".files li").first).to_have_text("notes.txt 11 bytes")
+    async with page.expect_download() as downloading:
+        await sent.get_by_role("link", name="notes.txt").click()
+    download = await downloading.value
+    assert download.suggested_filename == "notes.txt"
+    assert await asyncio.to_thread(Path(await download.path()).read_bytes) == b"buy apples\n"
+    (person,) = [b for b in channel.board.bubbles(conversation) if b.role == "person"]
+    assert [(f.name, f.kind) for f in person.files] == [
+        ("notes.txt", "file"),
+        ("note.ogg", "audio"),
+    ]
+
+
+async def test_a_dropped_file_past_the_cap_is_refused_by_the_page_saying_the_sizes(
+    web: tuple[Bot, WebChannel], page: Page
+) -> None:
+    """Dropped on the message box with a small one: the small one is taken. The large one is
+    made in the page (sending 26 MB into chromium would take the test most of a minute)."""
+    _, channel = web
+    await signed_in(page, channel)
+    await new_conversation(page)
+    await page.locator("#composer").evaluate(
+        """composer => {
+            const dropped = new DataTransfer();
+            const large = new Uint8Array(26 * 1024 * 1024);
+            dropped.items.add(new File([large], "report.pdf", { type: "application/pdf" }));
+            dropped.items.add(new File(["buy apples"], "notes.txt", { type: "text/plain" }));
+            composer.dispatchEvent(new DragEvent("drop", { dataTransfer: dropped, bubbles: true }));
+        }"""
+    )
+    await expect(page.get_by_role("alert")).to_have_text(
+        "report.pdf is 26 MB; the web chat takes files up to 25 MB."
+    )
+    chips = page.get_by_role("list", name="To send with the message").get_by_role("listitem")
+    await expect(chips).to_have_text(["notes.txt (10 bytes)Remove notes.txt"])
 
 
 @pytest.mark.bot(agents={"researcher": RESEARCHER}, delegates_to=("researcher",), subagents=QUIET)
