@@ -60,6 +60,7 @@ from channels.web.board import Board, Entry
 from channels.web.streams import Event
 from core.channel import Attachment, Button, ChannelMessage, Deliver
 from core.errors import StoreError
+from core.text import size_in_words
 
 logger = logging.getLogger(__name__)
 
@@ -74,9 +75,9 @@ MAX_MESSAGE_BODY = MAX_BODY + uploads.MOST_ENCODED
 """A message's body: its text, and its pictures and files at their caps, base64 in JSON (about
 126 MB)."""
 MESSAGE_TOO_LARGE = (
-    f"a message takes files up to {uploads.size_words(uploads.MAX_FILE_BYTES)} each and "
-    f"{uploads.size_words(uploads.MAX_FILES_BYTES)} together, and {uploads.MAX_IMAGES} pictures "
-    f"up to {uploads.size_words(uploads.MAX_IMAGE_BYTES)} each: send fewer with this one"
+    f"a message takes files up to {size_in_words(uploads.MAX_FILE_BYTES)} each and "
+    f"{size_in_words(uploads.MAX_FILES_BYTES)} together, and {uploads.MAX_IMAGES} pictures "
+    f"up to {size_in_words(uploads.MAX_IMAGE_BYTES)} each: send fewer with this one"
 )
 READ_CHUNK = 1 << 16
 SIGN_IN = (
@@ -429,7 +430,7 @@ async def _json(
                 break
     size = max(request.content_length or 0, len(raw))
     if size > most:
-        words = f"{too_large} (this one is {uploads.size_words(size)})"
+        words = f"{too_large} (this one is {size_in_words(size)})"
         raise web.HTTPRequestEntityTooLarge(max_size=most, actual_size=size, text=words)
     try:
         body = json.loads(raw)

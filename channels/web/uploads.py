@@ -37,6 +37,7 @@ from urllib.parse import quote
 
 from core.channel import Attachment, AttachmentKind
 from core.errors import DownloadError
+from core.text import size_in_words
 
 MIB = 1024 * 1024
 MAX_IMAGES = 4
@@ -186,8 +187,8 @@ class Uploads:
             found = self.file(attachment.source)
             if found is not None and found[1].size > limit:
                 raise DownloadError(
-                    f"{name} is {size_words(found[1].size)}, larger than the "
-                    f"{size_words(limit)} Kaiwa downloads"
+                    f"{name} is {size_in_words(found[1].size)}, larger than the "
+                    f"{size_in_words(limit)} Kaiwa downloads"
                 )
             data = self.data(attachment.source) if found else None
         except sqlite3.Error as exc:
@@ -249,8 +250,8 @@ def files(given: Any) -> tuple[FileUpload, ...] | str:
     together = sum(len(each.data) for each in taken)
     if together > MAX_FILES_BYTES:
         return (
-            f"these files are {size_words(together)} together; the web chat takes up to "
-            f"{size_words(MAX_FILES_BYTES)} in one message: send some with the next message"
+            f"these files are {size_in_words(together)} together; the web chat takes up to "
+            f"{size_in_words(MAX_FILES_BYTES)} in one message: send some with the next message"
         )
     return tuple(taken)
 
@@ -265,8 +266,8 @@ def _file(given: Any, number: int) -> FileUpload | str:
         return f"{name} did not come as base64: attach it again"
     if len(data) > MAX_FILE_BYTES:
         return (
-            f"{name} is {size_words(len(data))}; the web chat takes files up to "
-            f"{size_words(MAX_FILE_BYTES)}"
+            f"{name} is {size_in_words(len(data))}; the web chat takes files up to "
+            f"{size_in_words(MAX_FILE_BYTES)}"
         )
     return FileUpload(name, media_type(given.get("type"), name), data)
 
@@ -310,14 +311,6 @@ def disposition(name: str) -> str:
     name for old clients, the whole one encoded in `filename*`)."""
     plain = "".join(each if " " <= each <= "~" and each not in '"\\' else "_" for each in name)
     return f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(name, safe='')}"
-
-
-def size_words(count: int) -> str:
-    """A size as people say it: 31 MB, 203.5 KB, 900 bytes (MB and KB of 1,024)."""
-    for unit, scale in (("MB", MIB), ("KB", 1024)):
-        if count >= scale:
-            return f"{count / scale:.1f}".removesuffix(".0") + f" {unit}"
-    return f"{count} bytes"
 
 
 def _image_type(data: bytes) -> str | None:
