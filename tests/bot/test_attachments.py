@@ -9,13 +9,20 @@ of what was heard, the answer) and what the model was sent (the transcript marke
 each document in its block). Nothing is timed: each step waits on what the fakes saw.
 """
 
+import asyncio
+import base64
+import contextlib
 import io
+import itertools
 import signal
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import docx
 import pytest
 from fpdf import FPDF
@@ -30,7 +37,8 @@ from tests.fakes.slack import FakeSlack, Upload
 from tests.fakes.telegram import BOT_TOKEN, FakeTelegram
 from tests.fakes.transcription import FakeTranscription, Hang
 from tests.fakes.voice import spoken_note
-from tests.processes import finish, kaiwa, reply_recorded, write_config
+from tests.ports import free_port
+from tests.processes import WAIT_SECONDS, finish, kaiwa, reply_recorded, write_config
 
 HEARD = "Please remind me to water the plants on Friday."
 ANSWERS = (
@@ -39,6 +47,9 @@ ANSWERS = (
     "Meet on Monday.",
     "It prints hello.",
 )
+
+
+CLIENT_IDS = itertools.count(1)
 
 
 @dataclass
@@ -52,6 +63,8 @@ class Sent:
     file: Callable[[str, bytes, str, str], None]
     replies: Callable[[], list[str]]
     wait_until: Callable[[Callable[[], object]], Awaitable[None]]
+    ready: Callable[[Path], Awaitable[None]] = lambda config: asyncio.sleep(0)
+    """Called once `kaiwa run` is started on `config` (the web chat signs in then)."""
 
 
 def report_pdf() -> bytes:
@@ -153,7 +166,82 @@ async def discord() -> AsyncIterator[Sent]:
         )
 
 
+@asynccontextmanager
+async def web_chat() -> AsyncIterator[Sent]:
+    """The web chat's platform is Kaiwa's own board: a page's requests are made here with
+    aiohttp (signed in by `kaiwa web-link`), and what the page would show is read from the
+    board's file, web.db (another process's: polled)."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(
+        cookie_jar=jar, headers={"Origin": base, "X-Kaiwa": "1"}
+    ) as page:
+        state: dict[str, Any] = {"sending": asyncio.sleep(0)}
+
+        async def ready(config: Path) -> None:
+            code, out, err = await finish(await kaiwa("web-link", "--config", str(config)))
+            assert code == 0, err
+            link = out.strip().rsplit(" ", 1)[-1]
+            async with asyncio.timeout(WAIT_SECONDS):
+                while True:
+                    try:
+                        async with page.get(link) as answer:
+                            assert answer.status == 200, await answer.text()
+                        break
+                    except aiohttp.ClientConnectionError:
+                        await asyncio.sleep(0.02)
+            async with page.post(f"{base}/api/conversations", json={}) as answer:
+                state["conversation"] = (await answer.json())["id"]
+            state["board"] = config.parent / "state" / "web.db"
+
+        def post(text: str, files: list[dict[str, str]]) -> None:
+            before = state["sending"]
+
+            async def send() -> None:
+                await before  # in the order a person sends them
+                body = {
+                    "conversation": state["conversation"],
+                    "text": text,
+                    "client_id": f"c{next(CLIENT_IDS)}",
+                    "files": files,
+                }
+                async with page.post(f"{base}/api/messages", json=body) as answer:
+                    assert answer.status == 202, await answer.text()
+
+            state["sending"] = asyncio.ensure_future(send())
+
+        def voice(note: bytes, seconds: int) -> None:
+            post("", [_upload("voice note.ogg", "audio/ogg", note)])
+
+        def file(name: str, data: bytes, mime: str, caption: str) -> None:
+            post(caption, [_upload(name, mime, data)])
+
+        def replies() -> list[str]:
+            if "board" not in state or not state["board"].exists():
+                return []
+            with contextlib.closing(sqlite3.connect(state["board"])) as board:
+                rows = board.execute(
+                    "SELECT text FROM bubbles WHERE role != 'person' ORDER BY seq"
+                ).fetchall()
+            return [row[0] for row in rows]
+
+        async def wait_until(condition: Callable[[], object]) -> None:
+            async with asyncio.timeout(WAIT_SECONDS):
+                while not condition():  # noqa: ASYNC110  (another process's file)
+                    await asyncio.sleep(0.02)
+
+        config = f"[channels.web]\nenabled = true\nport = {port}\n"
+        yield Sent(config, {}, voice, file, replies, wait_until, ready)
+        await state["sending"]
+
+
+def _upload(name: str, media_type: str, data: bytes) -> dict[str, str]:
+    return {"name": name, "type": media_type, "data": base64.b64encode(data).decode()}
+
+
 HARNESSES: dict[str, Callable[[], AbstractAsyncContextManager[Sent]]] = {
+    "web": web_chat,
     "discord": discord,
     "telegram": telegram,
     "slack": slack,
@@ -191,6 +279,7 @@ async def test_a_voice_note_a_pdf_a_docx_and_a_code_file_are_heard_read_and_answ
         ollama.script(Text(answer))
     config = configured(tmp_path, ollama, speech, sent)
     bot = await kaiwa("run", "--config", str(config), env=sent.environment)
+    await sent.ready(config)
 
     sent.voice(spoken_note("please remind me to water the plants on friday", seconds=4), 4)
     await sent.wait_until(lambda: any(ANSWERS[0] in text for text in sent.replies()))
