@@ -25,12 +25,12 @@ once, in one line, by `download`.
 
 import logging
 import mimetypes
-from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
+from channels.pictures import pictures_apart
 from core.channel import Attachment, AttachmentKind
 from core.errors import DownloadError
 from core.text import size_in_words
@@ -87,18 +87,7 @@ class SlackFiles:
     ) -> tuple[tuple[bytes, ...], tuple[Attachment, ...]]:
         """A message's pictures, fetched, and its other files, described (with a picture that
         could not be fetched, and why)."""
-        images: list[bytes] = []
-        attachments: list[Attachment] = []
-        for file in files:
-            attachment = described(file)
-            if not attachment.media_type.startswith("image/") or attachment.unavailable:
-                attachments.append(attachment)
-                continue
-            try:
-                images.append(await self.download(attachment, MAX_PICTURE_BYTES))
-            except DownloadError as exc:
-                attachments.append(replace(attachment, unavailable=str(exc)))
-        return tuple(images), tuple(attachments)
+        return await pictures_apart(map(described, files), self.download, MAX_PICTURE_BYTES)
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         """The file's bytes, at most `limit` of them (`core.channel.Files`)."""

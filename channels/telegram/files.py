@@ -23,13 +23,13 @@ import contextlib
 import logging
 import mimetypes
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from datetime import timedelta
 
 import httpx
 from telegram import Audio, Bot, Document, Message, PhotoSize, Video, VideoNote, Voice
 from telegram.error import BadRequest, Forbidden, InvalidToken, RetryAfter, TelegramError
 
+from channels.pictures import pictures_apart
 from channels.settings import TelegramSettings
 from core.channel import Attachment, AttachmentKind
 from core.errors import DownloadError
@@ -132,10 +132,6 @@ def _guessed(name: str | None) -> str | None:
     return mimetypes.guess_type(name)[0] if name else None
 
 
-def _is_picture(attachment: Attachment) -> bool:
-    return attachment.media_type.startswith("image/") and not attachment.unavailable
-
-
 class _FileAnswer(Exception):
     """The file server answered a download with `status`, not the file."""
 
@@ -169,17 +165,7 @@ class TelegramFiles:
     ) -> tuple[tuple[bytes, ...], tuple[Attachment, ...]]:
         """The pictures among `attachments` fetched (each up to `MAX_IMAGE_BYTES`), and the
         other attachments, with every picture that could not be fetched saying why."""
-        images: list[bytes] = []
-        others: list[Attachment] = []
-        for attachment in attachments:
-            if not _is_picture(attachment):
-                others.append(attachment)
-                continue
-            try:
-                images.append(await self.download(attachment, MAX_IMAGE_BYTES))
-            except DownloadError as exc:
-                others.append(replace(attachment, unavailable=str(exc)))
-        return tuple(images), tuple(others)
+        return await pictures_apart(attachments, self.download, MAX_IMAGE_BYTES)
 
     async def close(self) -> None:
         await self._client.aclose()
