@@ -1,0 +1,264 @@
+"""A platform's rate limits as one budget a bot's replies share, spent in the order people read.
+
+Every platform answers calls past its limits with a 429 and a wait. Waiting each refusal out,
+reply by reply, works, but in a burst the waits end together and the calls come back as a storm,
+and status lines and "typing…" compete with answers for the same allowance. So each channel keeps
+its platform's limits (`Limit`: "at most N calls in any T seconds" per bot, per chat, per method)
+in one `Budget`, and a reply asks its place's `Pace` before every call:
+- **Answers wait their turn**, most urgent first (`Urgency`): final texts, then first words. A
+  waiter is served as soon as every window it counts against has room; a later, more urgent one
+  goes ahead of it.
+- **The rest take only what is left** (`Pace.take`, never waiting): an edit of partial text
+  leaves a third of each window free, a status line half, "typing…" two thirds (and each at
+  least one call), so the answer that comes next finds room at once; nothing is taken while an
+  answer waits. A frame not shown is not queued: the next one shows the newest state.
+- **A 429 that comes anyway** (another process of the same bot, a limit nobody documented) holds
+  the windows of that place until its wait is over; the reply waits it out as before.
+
+A window counts calls in the last T seconds, the strictest shape a limit can have: calls that fit
+it also fit a token bucket of N calls a T-second refill and a fixed window of N per T, whichever
+the platform really runs. Kaiwa measures them at its own clock a little wider than the platform
+states (`MARGIN`), so calls that travel at different speeds do not land closer than allowed. One
+budget is one process: the workers of a cluster each keep their own (a 429 is still waited out).
+"""
+
+import asyncio
+import bisect
+import itertools
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+
+MARGIN = 1.05
+"""How much wider than the platform's each window is kept."""
+PRUNE_AT = 4096
+"""Counted keys (chats, channels) kept before the idle ones are forgotten."""
+
+
+class Urgency(IntEnum):
+    """What a call shows, in the order people read it (lowest first)."""
+
+    FINAL = 0
+    """A reply's last text, a command's answer, a notice: waits for its turn."""
+    FIRST = 1
+    """A reply's first words: waits for its turn."""
+    PARTIAL = 2
+    """An edit of partial text: only if a third of each window is left."""
+    STATUS = 3
+    """A status line ("waiting for the model: 3 requests ahead"): only if half is left."""
+    TYPING = 4
+    """"typing…": only if two thirds are left."""
+
+
+LEFT_FREE = {Urgency.PARTIAL: 1 / 3, Urgency.STATUS: 1 / 2, Urgency.TYPING: 2 / 3}
+"""The share of each window a call that does not wait must leave free (at least one call)."""
+
+
+class Action(Enum):
+    """What a call does, for platforms whose limits differ by method (Slack's tiers)."""
+
+    POST = "post"
+    EDIT = "edit"
+    DELETE = "delete"
+    TYPING = "typing"
+
+
+@dataclass(frozen=True)
+class Limit:
+    """At most `calls` calls in any `seconds` seconds, counted under `key` (every place whose
+    calls share it: "bot", "chat 42", "T0123 chat.update"). A `shared` limit counts the whole
+    bot's calls, so one place's 429 does not hold it."""
+
+    key: str
+    calls: int
+    seconds: float
+    shared: bool = False
+
+
+Limits = Callable[[Action], Sequence[Limit]]
+"""The limits one place's calls of each action count against."""
+
+
+@dataclass(eq=False)
+class _Count:
+    """The calls one limit saw in its last window, and a 429's hold."""
+
+    limit: Limit
+    times: deque[float] = field(default_factory=deque)
+    held_until: float = 0.0
+
+    def free(self, now: float) -> int:
+        if now < self.held_until:
+            return 0
+        cutoff = now - self.limit.seconds * MARGIN
+        while self.times and self.times[0] <= cutoff:
+            self.times.popleft()
+        return self.limit.calls - len(self.times)
+
+    def room_at(self, now: float) -> float:
+        """When one more call fits (now, if it does)."""
+        if now < self.held_until:
+            return self.held_until
+        if self.free(now) > 0:
+            return now
+        return self.times[len(self.times) - self.limit.calls] + self.limit.seconds * MARGIN
+
+    def idle(self, now: float) -> bool:
+        return self.free(now) == self.limit.calls
+
+
+@dataclass(eq=False)
+class _Waiter:
+    urgency: Urgency
+    order: int
+    counts: tuple[_Count, ...]
+    granted: asyncio.Future[None]
+
+
+class Budget:
+    """One bot's limits on one platform, shared by every place it writes to; with `paced` off
+    (`[channels.<platform>].paced`), every call goes at once."""
+
+    def __init__(self, *, paced: bool = True) -> None:
+        self._paced = paced
+        self._counts: dict[str, _Count] = {}
+        self._prune_at = PRUNE_AT
+        self._waiting: list[_Waiter] = []
+        """Sorted by urgency, then arrival."""
+        self._order = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def pace(self, limits: Limits) -> "Pace":
+        return Pace(self if self._paced else None, limits)
+
+    def take(self, limits: Sequence[Limit], urgency: Urgency) -> bool:
+        counts = self._counts_of(limits)
+        if any(count in waiter.counts for waiter in self._waiting for count in counts):
+            return False  # an answer is waiting for this room
+        now = _now()
+        share = LEFT_FREE[urgency]
+        if all(count.free(now) - 1 >= _left_free(share, count.limit) for count in counts):
+            _spend(counts, now)
+            return True
+        return False
+
+    def ask(self, limits: Sequence[Limit], urgency: Urgency) -> asyncio.Future[None]:
+        """A future resolved when the call may go (at once, if it may now); cancel it to stand
+        aside."""
+        granted = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(urgency, next(self._order), self._counts_of(limits), granted)
+        bisect.insort(self._waiting, waiter, key=lambda w: (w.urgency, w.order))
+        granted.add_done_callback(lambda _: self._withdraw(waiter))
+        self._serve()
+        return granted
+
+    def hold(self, limits: Sequence[Limit], seconds: float) -> None:
+        """The platform asked this place to wait `seconds`: its own windows (not the bot's
+        shared ones) give no room until then."""
+        until = _now() + seconds
+        for count in self._counts_of([limit for limit in limits if not limit.shared]):
+            count.held_until = max(count.held_until, until)
+        self._serve()
+
+    def _withdraw(self, waiter: _Waiter) -> None:
+        if waiter in self._waiting:
+            self._waiting.remove(waiter)
+            self._serve()  # those behind it may go now
+
+    def _serve(self) -> None:
+        """Every waiter with room goes, most urgent first; then a wake-up when the next one
+        can."""
+        now = _now()
+        full: set[int] = set()
+        """Counts a more urgent waiter found full: nobody behind it takes them."""
+        for waiter in list(self._waiting):
+            if waiter.granted.done():
+                continue
+            if any(id(count) in full for count in waiter.counts):
+                continue
+            if all(count.free(now) > 0 for count in waiter.counts):
+                _spend(waiter.counts, now)
+                waiter.granted.set_result(None)  # its callback takes it off the list
+            else:
+                full.update(id(count) for count in waiter.counts if count.free(now) <= 0)
+        self._wake_when_room(now)
+
+    def _wake_when_room(self, now: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        waiting = [waiter for waiter in self._waiting if not waiter.granted.done()]
+        if waiting:
+            room = min(max(c.room_at(now) for c in waiter.counts) for waiter in waiting)
+            self._timer = asyncio.get_running_loop().call_later(max(0.0, room - now), self._serve)
+
+    def _counts_of(self, limits: Sequence[Limit]) -> tuple[_Count, ...]:
+        if len(self._counts) >= self._prune_at:
+            self._forget_idle()
+        return tuple(self._counts.setdefault(limit.key, _Count(limit)) for limit in limits)
+
+    def _forget_idle(self) -> None:
+        now = _now()
+        waited_on = {id(count) for waiter in self._waiting for count in waiter.counts}
+        self._counts = {
+            key: count
+            for key, count in self._counts.items()
+            if not count.idle(now) or id(count) in waited_on
+        }
+        self._prune_at = max(PRUNE_AT, 2 * len(self._counts))
+
+
+class Pace:
+    """One place's share of its platform's budget: what its calls ask before they go."""
+
+    def __init__(self, budget: Budget | None, limits: Limits) -> None:
+        self._budget = budget
+        self._limits = limits
+
+    def take(self, action: Action, urgency: Urgency) -> bool:
+        """Room for a call that does not wait (`Urgency.PARTIAL` and below), taken if left."""
+        return self._budget is None or self._budget.take(self._limits(action), urgency)
+
+    async def wait(
+        self, action: Action, urgency: Urgency, *, unless: asyncio.Event | None = None
+    ) -> bool:
+        """Wait for room for a call; False, with nothing spent, if `unless` is set first."""
+        if self._budget is None:
+            return True
+        granted = self._budget.ask(self._limits(action), urgency)
+        if granted.done():
+            return True
+        if unless is None:
+            await granted
+            return True
+        ending = asyncio.ensure_future(unless.wait())
+        try:
+            await asyncio.wait((granted, ending), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ending.cancel()
+            if not granted.done():
+                granted.cancel()
+        return not granted.cancelled()
+
+    def hold(self, action: Action, seconds: float) -> None:
+        """A 429 asked this place to wait `seconds`."""
+        if self._budget is not None:
+            self._budget.hold(self._limits(action), seconds)
+
+
+UNLIMITED = Pace(None, lambda action: ())
+"""A place with no limits to keep (the web chat, a test's board)."""
+
+
+def _left_free(share: float, limit: Limit) -> int:
+    return max(1, int(share * limit.calls))
+
+
+def _spend(counts: Sequence[_Count], now: float) -> None:
+    for count in counts:
+        count.times.append(now)
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()
