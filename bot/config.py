@@ -501,6 +501,11 @@ def _checked(config: Config) -> Config:
         if isinstance(platform, PlatformSettings):
             positive[f"channels.{name}.edit_interval"] = platform.edit_interval
             positive[f"channels.{name}.final_edit_seconds"] = platform.final_edit_seconds
+            if platform.post_grace < 0:
+                raise ConfigError(
+                    f"'channels.{name}.post_grace' must be 0 (post at once) or more, got "
+                    f"{platform.post_grace}"
+                )
     _check_delegation(config.agents)
     for name, agent in config.agents.items():
         if agent.max_iterations < 0:

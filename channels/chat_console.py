@@ -39,7 +39,7 @@ from prompt_toolkit.styles import Style
 from rich.console import Console as RichConsole
 from rich.markdown import Markdown
 
-from channels.rendering import ending_mark
+from channels.marks import ending_mark
 from channels.settings import TerminalSettings
 from channels.terminal import printable
 from core.channel import Card, Delivery, Frame, OnPost, Outcome

@@ -3,18 +3,26 @@
 An adapter supplies a `Transport` (send a message, edit one, show "typing", each in the
 platform's own markup, with the platform's errors mapped to `RateLimited` and `PlatformError`);
 `StreamingReply` does the rest, the same way everywhere:
-- The reply is one message that grows: the first frame with something to show sends it, later
-  frames edit it. The turn's frame pump paces frames (the channel's `frame_interval`, about one
-  a second for Telegram), and the reply itself keeps `min_interval` between two changes, the
-  final one included: a stream that ends just after an edit waits out the interval first.
+- The reply is one message that grows. Its first post waits `post_grace` after the first frame
+  with something to show, so a reply complete by then goes out as one message, its final text,
+  with no post followed by an edit; later frames edit it. The turn's frame pump paces frames (the
+  channel's `frame_interval`, about one a second for Telegram), and the reply keeps
+  `min_interval` between two changes while it streams, but never before its final text.
+- Every call asks the place's `Pace` first (`channels.budget`: the platform's limits, shared by
+  every reply of the bot): the final text and the first words wait for room, most urgent first;
+  edits of partial text, status lines and "typing…" go only if room is left, and are skipped
+  otherwise. A frame held back (by the interval, a rate limit or the budget) is not queued: the
+  next change shows the newest state, and when no frame comes (a model that stalls after its
+  first words), the reply shows it itself as soon as a change is allowed again.
 - Past the platform's length limit the text continues in follow-up messages (`split_message`:
   paragraph or line boundaries, code fences closed and reopened). Pieces are recomputed from the
   whole text each time; a piece only changes while it is the last one, so earlier messages are
   not edited again.
-- A rate limit (`RateLimited`) delays the next call by what the platform asked. Frames that
-  arrive meanwhile are skipped, not queued: the first call after the wait shows the newest state,
-  so edits coalesce. `finish` waits out every limit and tries again until the final text shows,
-  for up to `final_edit_seconds`; only past that does the platform keep an older text.
+- A rate limit the platform answers anyway (`RateLimited`) delays the place's next call by what
+  the platform asked. Frames that arrive meanwhile are skipped, not queued: the first call after
+  the wait shows the newest state, so edits coalesce. `finish` waits out every limit and tries
+  again until the final text shows, for up to `final_edit_seconds`; only past that does the
+  platform keep an older text.
 - A refused call (`PlatformError`) costs a frame, logged once per reply; `finish` tries the final
   text once more and then gives up. A post whose answer lacks the message's id, or never came
   (`LostMessage`: the post may be out), ends the reply's calls: the message cannot be edited,
@@ -27,7 +35,7 @@ platform's own markup, with the platform's errors mapped to `RateLimited` and `P
   older one (`STALE`), or nothing (`NOTHING`, not one message posted).
 - Thinking and tool activity appear as one status line under the text while the reply streams,
   and never in the final text. A stopped reply ends with "(stopped)"; a failed one with its reason.
-- "Typing…" shows from the moment the reply opens until the first text is visible. It stops by
+- "Typing…" shows from the moment the reply opens until its first message is posted. It stops by
   an event, never by cancelling: a request cancelled in flight can leave its pooled connection
   taken for good (httpx/httpcore), and enough of those starve every later call.
 - A platform whose messages can carry buttons (`Transport.controls`) shows a Stop button
@@ -49,11 +57,13 @@ platform's own markup, with the platform's errors mapped to `RateLimited` and `P
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from channels.budget import Action, Pace, Urgency
 from channels.formatting import split_message
+from channels.marks import final_text
 from channels.presses import STOP
 from channels.settings import PlatformSettings
 from core.channel import Button, Card, Delivery, Frame, OnPost, Outcome, platform_of
@@ -61,26 +71,9 @@ from core.metrics import PLATFORM_API_ERRORS, PLATFORM_RATE_LIMITS
 
 logger = logging.getLogger(__name__)
 
-MARKS = {
-    Outcome.STOPPED: "(stopped)",
-    Outcome.INTERRUPTED: "(interrupted by a restart)",
-    Outcome.CUT: "(cut at the length limit)",
-}
-"""How a reply that did not end as the model meant shows it, after its text."""
-
-
-def ending_mark(outcome: Outcome, note: str | None) -> str | None:
-    """The mark after a reply's text: the outcome's, with the note of a reply that did not fail
-    ("answered at the limit of 10 model calls"); None for a plain answer. A failure shows its
-    reason instead, on a line of its own."""
-    if outcome is Outcome.FAILED:
-        return None
-    parts = [MARKS[outcome][1:-1]] if outcome in MARKS else []
-    parts += [note] if note else []
-    return f"({'; '.join(parts)})" if parts else None
-
-
 TYPING_REFRESH_SECONDS = 4.0
+SKIPPED_PAUSE_SECONDS = 0.1
+"""The least a reply waits before it tries again a change the budget had no room for."""
 TYPING_GIVE_UP_SECONDS = 300.0
 FINAL_EDIT_SECONDS = 300.0
 
@@ -141,13 +134,16 @@ class Transport(Protocol):
     `buttons` go under the message on a transport with `controls` (each press is its command,
     `channels.presses`); others ignore them. A transport with `buttons_after_post` cannot learn
     which message a lost post made, so a reply posts each message without buttons and adds them
-    by an edit. Every call may raise `RateLimited` or `PlatformError`.
+    by an edit. `pace` is the place's share of the platform's limits, asked before every call
+    (`channels.budget.UNLIMITED` where there are none). Every call may raise `RateLimited` or
+    `PlatformError`.
     """
 
     limit: int
     measure: Callable[[str], int]
     controls: bool
     buttons_after_post: bool
+    pace: Pace
 
     async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
         """Post a new message with `text` (Markdown); return its id (`LostMessage` if the
@@ -172,7 +168,9 @@ class RenderSettings:
     show_thinking: bool = True
     show_tools: bool = True
     min_interval: float = 0.0
-    """Shortest time between two calls that change the reply (the platform's edit rate)."""
+    """Shortest time between two changes of a streaming reply (its final text does not wait)."""
+    post_grace: float = 0.0
+    """How long the first post waits, so that a reply complete by then is one message."""
     final_edit_seconds: float = FINAL_EDIT_SECONDS
     """How long `finish` keeps trying to show the final text through rate limits."""
 
@@ -183,6 +181,7 @@ class RenderSettings:
             settings.show_thinking,
             settings.show_tools,
             min_interval=settings.edit_interval,
+            post_grace=settings.post_grace,
             final_edit_seconds=settings.final_edit_seconds,
         )
 
@@ -214,24 +213,36 @@ class StreamingReply:
         this reply (taken up again, their text unknown, so the final text replaces them);
         `on_post` hears `posted` after each new post (`core.channel.Channel.open_reply`)."""
         self._transport = transport
+        self._pace = transport.pace
         self._on_post = on_post
         self._settings = settings
         self._place = place
         self._shown: list[_Shown] = [_Shown.unknown(message_id) for message_id in posted]
-        self._quiet_until = 0.0
+        self._retry_at = 0.0
+        """No call before this (the platform's own 429)."""
+        self._next_change_at = 0.0
+        """No change of the streaming reply before this (`min_interval`)."""
         self._refused = False
         self._lost: LostMessage | None = None
         self._newest = ""
         """The text (with its status line) of the newest frame."""
+        self._newest_words = ""
+        self._words_shown: str | None = None
+        """The words (without the status line) of the last frame shown whole."""
         self._changing = asyncio.Lock()
-        """One change at a time: a frame's, or the buttons added after a post (`_add_buttons`)."""
+        """One change at a time: a frame's, the first post's, or one the reply catches up on."""
         self._finishing = asyncio.Event()
-        self._adding: asyncio.Task[None] | None = None
+        self._posting: asyncio.Task[None] | None = None
+        self._grace_over = bool(self._shown)
+        self._behind = False
+        """The newest frame is not shown whole yet."""
+        self._catching: asyncio.Task[None] | None = None
         self.delivery = Delivery.NOTHING
         self._text_shows = asyncio.Event()
         if self._shown:
             self._text_shows.set()
-        self._typing = asyncio.create_task(self._keep_typing(), name=f"typing in {place}")
+        typing = _keep_typing(transport, self._text_shows, place)
+        self._typing = asyncio.create_task(typing, name=f"typing in {place}")
 
     @property
     def posted(self) -> tuple[str, ...]:
@@ -241,45 +252,75 @@ class StreamingReply:
         body = _with_status(frame.text, status_line(frame, self._settings))
         if not body or self._lost is not None:
             return
-        self._text_shows.set()
-        self._newest = body
+        self._newest, self._newest_words = body, frame.text
+        if self._grace_over or self._settings.post_grace <= 0:
+            await self._show_live()
+        elif self._posting is None:
+            self._posting = asyncio.create_task(self._post_first(), name=f"post in {self._place}")
+
+    async def _post_first(self) -> None:
+        """The first message, once `post_grace` has passed without the final text (which is
+        then posted instead). Ends by an event (`finish`), never by cancelling."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._settings.post_grace):
+                await self._finishing.wait()
+        self._grace_over = True
         await self._show_live()
 
     async def _show_live(self) -> bool:
-        """The newest frame, with the Stop button, unless it is too soon (an interval or a rate
-        limit: a later frame, `_add_buttons` or `finish` shows it); False if it was refused."""
+        """The newest frame, with the Stop button, unless it is too soon (an interval, a rate
+        limit, no room in the budget: a later frame, `_catch_up` or `finish` shows it); False
+        if it was refused."""
         async with self._changing:
             if self._lost is not None or self._finishing.is_set():
                 return True
-            if asyncio.get_running_loop().time() < self._quiet_until:
-                return True
+            self._behind = True
+            if asyncio.get_running_loop().time() < max(self._retry_at, self._next_change_at):
+                return self._owe_changes()
+            words = self._newest_words
             try:
-                await self._show(self._pieces(self._newest), live=True)
-            except RateLimited as limited:
-                self._keep_quiet(limited.retry_after)
+                if await self._show(self._pieces(self._newest), self._live_urgency(words)):
+                    self._words_shown, self._behind = words, False
+                else:
+                    self._pause_changes(max(self._settings.min_interval, SKIPPED_PAUSE_SECONDS))
+            except RateLimited:
+                pass  # the place waits it out (`_show`)
             except PlatformError as exc:
                 self._frame_refused(exc)
                 return False
-        self._owe_buttons()
+        return self._owe_changes()
+
+    def _live_urgency(self, words: str) -> Urgency:
+        """How much a streaming frame matters: the first words most, new words next, a change
+        of the status line alone least."""
+        if not self._shown:
+            return Urgency.FIRST if words else Urgency.STATUS
+        return Urgency.STATUS if words == self._words_shown else Urgency.PARTIAL
+
+    def _owe_changes(self) -> bool:
+        if self._changes_owed() and (self._catching is None or self._catching.done()):
+            name = f"catching up in {self._place}"
+            self._catching = asyncio.create_task(self._catch_up(), name=name)
         return True
 
-    def _owe_buttons(self) -> None:
-        if self._buttons_owed() and (self._adding is None or self._adding.done()):
-            self._adding = asyncio.create_task(self._add_buttons(), name=f"Stop in {self._place}")
+    def _changes_owed(self) -> bool:
+        """Whether the streaming reply shows less than it should: a frame held back, or a
+        message posted without its Stop button (`buttons_after_post`)."""
+        if self._lost is not None or self._finishing.is_set():
+            return False
+        buttons = self._transport.controls and any(not shown.buttons for shown in self._shown)
+        return self._behind or buttons
 
-    def _buttons_owed(self) -> bool:
-        """Whether a live message lacks its Stop button (posted without: `buttons_after_post`)."""
-        live = self._lost is None and not self._finishing.is_set() and self._transport.controls
-        return live and any(not shown.buttons for shown in self._shown)
-
-    async def _add_buttons(self) -> None:
-        """The Stop button under each message posted without it, by an edit one interval after
-        the next change is allowed, so that a frame coming meanwhile carries it instead: a reply
-        whose model stalls after its first words can be stopped all the same. Ends by an event
-        (`finish`), never by cancelling."""
+    async def _catch_up(self) -> None:
+        """What the reply owes, shown by the reply itself: a held-back frame as soon as a change
+        is allowed again, and the Stop button of a message posted without it one interval after
+        that (a frame coming meanwhile carries it instead). So a reply whose model stalls after
+        its first words shows them and can be stopped. Ends by an event (`finish`), never by
+        cancelling."""
         loop = asyncio.get_running_loop()
-        while self._buttons_owed():
-            wait = self._quiet_until + self._settings.min_interval - loop.time()
+        while self._changes_owed():
+            allowed = max(self._retry_at, self._next_change_at)
+            wait = allowed - loop.time() + (0.0 if self._behind else self._settings.min_interval)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, wait)):
                     await self._finishing.wait()
@@ -299,16 +340,18 @@ class StreamingReply:
         `delivery`. A platform that will not show it is logged, never raised."""
         self._text_shows.set()
         self._finishing.set()
-        if self._adding is not None:
-            await asyncio.shield(self._adding)  # a change on its way is let through first
+        for change in (self._posting, self._catching):  # a change on its way goes first
+            if change is not None:
+                await asyncio.shield(change)
         pieces = self._pieces(final_text(text, outcome, note))
         try:
             await self._show_finally(pieces)
             self.delivery = Delivery.SHOWN
         except (RateLimited, PlatformError) as exc:
-            self._not_shown(exc)
+            self.delivery = Delivery.STALE if self._shown else Delivery.NOTHING
+            _log_not_shown(self._place, exc, bool(self._shown), self._settings)
             if isinstance(exc, LostMessage):
-                await self._tell_lost()
+                await _tell_lost(self._transport, self._place)
         except Exception:  # not the platform's answer: a bug, for the caller's log
             self.delivery = Delivery.STALE if self._shown else Delivery.NOTHING
             raise
@@ -326,7 +369,7 @@ class StreamingReply:
         await keep_trying(
             lambda: self._show_all(pieces),
             self._settings.final_edit_seconds,
-            first_wait=self._quiet_until - asyncio.get_running_loop().time(),
+            first_wait=self._retry_at - asyncio.get_running_loop().time(),
             done=lambda: self._shows_finally(pieces),
         )
 
@@ -359,29 +402,6 @@ class StreamingReply:
                 exc,
             )
 
-    def _not_shown(self, error: Exception) -> None:
-        self.delivery = Delivery.STALE if self._shown else Delivery.NOTHING
-        if isinstance(error, RateLimited):
-            platform = platform_of(self._place)
-            error = PlatformError(
-                f"rate limited past [channels.{platform}].final_edit_seconds = "
-                f"{self._settings.final_edit_seconds:g} s"
-            )
-        shows = "an older text" if self._shown else "nothing of it"
-        logger.error(
-            "the final text of the reply in %s could not be shown (%s); the platform shows %s",
-            self._place,
-            error,
-            shows,
-        )
-
-    async def _tell_lost(self) -> None:
-        """One notice, never tried again, where a post may be out unseen by Kaiwa."""
-        try:
-            await self._transport.send(LOST_NOTICE)
-        except (RateLimited, PlatformError) as exc:
-            logger.warning("the reply in %s: its notice could not be posted: %s", self._place, exc)
-
     def _shows_finally(self, pieces: list[str]) -> bool:
         shown = self._shown
         return pieces == [s.text for s in shown] and not any(s.buttons for s in shown)
@@ -394,21 +414,29 @@ class StreamingReply:
             self._refused = True
             logger.warning("a frame of the reply in %s was not shown: %s", self._place, exc)
 
-    def _keep_quiet(self, seconds: float) -> None:
+    def _limited(self, action: Action, limited: RateLimited) -> None:
+        """The platform's own 429: this reply, and every call of its place, wait it out."""
+        until = asyncio.get_running_loop().time() + limited.retry_after
+        self._retry_at = max(self._retry_at, until)
+        self._pace.hold(action, limited.retry_after)
+
+    def _pause_changes(self, seconds: float) -> None:
         until = asyncio.get_running_loop().time() + seconds
-        self._quiet_until = max(self._quiet_until, until)
+        self._next_change_at = max(self._next_change_at, until)
 
     def _pieces(self, text: str) -> list[str]:
         return split_message(text, self._transport.limit, self._transport.measure)
 
     async def _show_all(self, pieces: list[str]) -> None:
         """The final text, and no message beyond it."""
-        await self._show(pieces, live=False)
+        await self._show(pieces, Urgency.FINAL)
         while len(self._shown) > len(pieces):
             extra = self._shown[-1]
+            await self._room(Action.DELETE, Urgency.FINAL)
             try:
                 await self._transport.delete(extra.message_id)
-            except RateLimited:
+            except RateLimited as limited:
+                self._limited(Action.DELETE, limited)
                 raise  # tried again, after the wait
             except PlatformError as exc:
                 logger.warning(
@@ -419,45 +447,98 @@ class StreamingReply:
             self._shown.pop()
             self._posts_changed()
 
-    async def _show(self, pieces: list[str], *, live: bool) -> None:
-        """Make the platform show `pieces`: edit what changed, send what is new."""
-        called = False
+    async def _show(self, pieces: list[str], urgency: Urgency) -> bool:
+        """Make the platform show `pieces` (live, with the Stop button, unless `urgency` is the
+        final text's): edit what changed, send what is new, each call once the budget has room;
+        False if it had none for one of them (the rest is left to a later frame)."""
+        live = urgency is not Urgency.FINAL
         buttons = (STOP,) if live and self._transport.controls else ()
-        try:
-            for index, piece in enumerate(pieces):
-                if index < len(self._shown):
-                    shown = self._shown[index]
-                    if shown.text != piece or shown.buttons != buttons:
-                        called = True
-                        await self._transport.edit(shown.message_id, piece, buttons=buttons)
-                        shown.text, shown.buttons = piece, buttons
-                else:
-                    called = True
-                    posted_with = () if self._transport.buttons_after_post else buttons
+        for index, piece in enumerate(pieces):
+            if index < len(self._shown):
+                shown = self._shown[index]
+                if shown.text == piece and shown.buttons == buttons:
+                    continue
+                if not await self._room(Action.EDIT, urgency):
+                    return False
+                with self._calling(Action.EDIT, live):
+                    await self._transport.edit(shown.message_id, piece, buttons=buttons)
+                shown.text, shown.buttons = piece, buttons
+            else:
+                if not await self._room(Action.POST, urgency):
+                    return False
+                posted_with = () if self._transport.buttons_after_post else buttons
+                with self._calling(Action.POST, live):
                     message_id = await self._transport.send(piece, buttons=posted_with)
-                    self._shown.append(_Shown(message_id, piece, posted_with))
-                    self._posts_changed()
+                self._shown.append(_Shown(message_id, piece, posted_with))
+                self._text_shows.set()
+                self._posts_changed()
+        return True
+
+    async def _room(self, action: Action, urgency: Urgency) -> bool:
+        """Whether the call may go now: the final text waits for room, the first words too
+        (unless the final text comes first), the rest only take what is left."""
+        if urgency is Urgency.FINAL:
+            return await self._pace.wait(action, urgency)
+        if urgency is Urgency.FIRST:
+            return await self._pace.wait(action, urgency, unless=self._finishing)
+        return self._pace.take(action, urgency)
+
+    @contextlib.contextmanager
+    def _calling(self, action: Action, live: bool) -> Iterator[None]:
+        """One call: a 429 is waited out by the place; a live change, made or not, keeps the
+        next one `min_interval` away."""
+        try:
+            yield
+        except RateLimited as limited:
+            self._limited(action, limited)
+            raise
         finally:
-            if called:
-                self._keep_quiet(self._settings.min_interval)
+            if live:
+                self._pause_changes(self._settings.min_interval)
 
     def _posts_changed(self) -> None:
         if self._on_post is not None:
             self._on_post(self.posted)
 
-    async def _keep_typing(self) -> None:
-        """Until the first text shows: the platform's indicator, refreshed before it lapses.
-        Ends between two requests, never during one."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + TYPING_GIVE_UP_SECONDS
-        while not self._text_shows.is_set() and loop.time() < give_up:
-            try:
-                await self._transport.typing()
-            except Exception as exc:  # a missing indicator is not worth a failed reply
-                logger.debug("typing indicator in %s failed: %s", self._place, exc)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(TYPING_REFRESH_SECONDS):
-                    await self._text_shows.wait()
+
+def _log_not_shown(place: str, error: Exception, shown: bool, settings: RenderSettings) -> None:
+    if isinstance(error, RateLimited):
+        error = PlatformError(
+            f"rate limited past [channels.{platform_of(place)}].final_edit_seconds = "
+            f"{settings.final_edit_seconds:g} s"
+        )
+    logger.error(
+        "the final text of the reply in %s could not be shown (%s); the platform shows %s",
+        place,
+        error,
+        "an older text" if shown else "nothing of it",
+    )
+
+
+async def _tell_lost(transport: Transport, place: str) -> None:
+    """One notice, never tried again, where a post may be out unseen by Kaiwa."""
+    try:
+        async with paced(transport.pace, Action.POST):
+            await transport.send(LOST_NOTICE)
+    except (RateLimited, PlatformError) as exc:
+        logger.warning("the reply in %s: its notice could not be posted: %s", place, exc)
+
+
+async def _keep_typing(transport: Transport, shows: asyncio.Event, place: str) -> None:
+    """Until `shows` (the reply's first message is posted): the platform's indicator,
+    refreshed before it lapses, when the budget has room for it. Ends between two requests,
+    never during one."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + TYPING_GIVE_UP_SECONDS
+    while not shows.is_set() and loop.time() < give_up:
+        try:
+            if transport.pace.take(Action.TYPING, Urgency.TYPING):
+                await transport.typing()
+        except Exception as exc:  # a missing indicator is not worth a failed reply
+            logger.debug("typing indicator in %s failed: %s", place, exc)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(TYPING_REFRESH_SECONDS):
+                await shows.wait()
 
 
 async def keep_trying(
@@ -485,34 +566,16 @@ async def keep_trying(
             wait = limited.retry_after
 
 
-async def send_notice(
-    transport: Transport,
-    text: str,
-    seconds: float = FINAL_EDIT_SECONDS,
-    buttons: Sequence[Button] = (),
-) -> tuple[str, ...]:
-    """A standalone message (a command's answer, a refusal), split at the limit, sent in full
-    through rate limits for up to `seconds` a piece, `buttons` under its last piece; the ids of
-    the messages posted. Raises `PlatformError` (or `RateLimited` past the deadline) when a
-    piece cannot be sent."""
-    pieces = split_message(text, transport.limit, transport.measure)
-    under = [()] * (len(pieces) - 1) + [tuple(buttons) if transport.controls else ()]
-    posted: list[str] = []
-
-    async def send(piece: str, its_buttons: tuple[Button, ...]) -> None:
-        posted.append(await transport.send(piece, buttons=its_buttons))
-
-    for piece, its_buttons in zip(pieces, under, strict=True):
-        await keep_trying(lambda piece=piece, b=its_buttons: send(piece, b), seconds)
-    return tuple(posted)
-
-
-async def replace_notice(
-    transport: Transport, message_id: str, text: str, seconds: float = FINAL_EDIT_SECONDS
-) -> None:
-    """Replace a notice's text (cut to one message) and take its buttons away."""
-    piece = split_message(text, transport.limit, transport.measure)[0]
-    await keep_trying(lambda: transport.edit(message_id, piece), seconds)
+@contextlib.asynccontextmanager
+async def paced(pace: Pace, action: Action) -> AsyncIterator[None]:
+    """A call that shows a final text (a notice, a command's answer): it waits for room in the
+    place's budget, and a 429 holds the place for as long as the platform asked."""
+    await pace.wait(action, Urgency.FINAL)
+    try:
+        yield
+    except RateLimited as limited:
+        pace.hold(action, limited.retry_after)
+        raise
 
 
 def status_line(frame: Frame, settings: RenderSettings) -> str:
@@ -522,23 +585,6 @@ def status_line(frame: Frame, settings: RenderSettings) -> str:
     if frame.thinking and settings.show_thinking and not frame.text:
         return "thinking…"
     return ""
-
-
-def final_text(text: str, outcome: Outcome, note: str | None) -> str:
-    """The reply's last form: the answer, then the stop mark or the failure reason."""
-    mark = ending_mark(outcome, note)
-    if mark:
-        return _marked(text, mark)
-    if outcome is Outcome.FAILED:
-        reason = f"⚠️ {note}" if note else "⚠️ the reply failed"
-        return f"{text}\n\n{reason}" if text else reason
-    return text
-
-
-def _marked(text: str, mark: str) -> str:
-    """The text, then one space and the mark (however the text ended)."""
-    text = text.rstrip()
-    return f"{text} {mark}" if text else mark
 
 
 def _with_status(text: str, status: str) -> str:

@@ -37,9 +37,16 @@ class PlatformSettings(ChannelSettings, Generic[Id]):
     anyone: bool = False
     """Anyone may talk to the bot (`allowed_users` is then ignored)."""
     edit_interval: float = 1.0
-    """Seconds between two edits of a streaming reply (the platform's edit rate)."""
+    """Least seconds between two edits of a streaming reply (fewer when the platform's limits
+    are short); the final text never waits for it."""
+    post_grace: float = 0.3
+    """Seconds a reply's first words wait before they are posted: a reply complete by then goes
+    out as one message, not a post and then an edit."""
     final_edit_seconds: float = 300.0
     """How long a reply's last edit keeps trying through rate limits."""
+    paced: bool = True
+    """Keep the bot's calls within the platform's published rate limits, answers first
+    (`channels.budget`); off, every call goes at once and each 429 is waited out."""
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol, TextIO
 
+from channels.marks import ending_mark
 from channels.places import TerminalPlace
-from channels.rendering import ending_mark
 from channels.settings import TerminalSettings
 from core.channel import (
     Button,

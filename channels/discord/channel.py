@@ -37,15 +37,10 @@ from channels.discord.files import DiscordFiles
 from channels.discord.interactions import command_tree, deliver_interaction
 from channels.discord.library import app_commands, discord
 from channels.discord.receiving import Messages, Threads
+from channels.notices import replace_notice, send_notice
 from channels.places import DiscordPlace
 from channels.presses import answered_privately
-from channels.rendering import (
-    PlatformError,
-    RenderSettings,
-    StreamingReply,
-    replace_notice,
-    send_notice,
-)
+from channels.rendering import PlatformError, RenderSettings, StreamingReply
 from channels.settings import DiscordSettings
 from channels.throttled_log import ThrottledLog
 from core.channel import Attachment, Button, ChannelTraits, Deliver, OnPost, Reply

@@ -27,19 +27,22 @@ Which messages are ours, and where they belong:
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from channels.budget import Budget
 from channels.discord.client import INTENT_FIX
 from channels.discord.files import attachments_of, images_of
 from channels.discord.library import discord
-from channels.discord.transport import DiscordTransport
+from channels.discord.transport import DiscordTransport, channel_limits
+from channels.notices import send_notice
 from channels.places import DiscordPlace
 from channels.presses import without_mention
-from channels.rendering import PlatformError, send_notice
+from channels.rendering import PlatformError
 from channels.settings import DiscordSettings
 from core.channel import ChannelMessage
 
@@ -61,10 +64,12 @@ class _Mention:
 
 
 class Threads:
-    """The threads the bot takes part in, and the mentions whose thread it opens on first use."""
+    """The threads the bot takes part in, the mentions whose thread it opens on first use, and
+    the limits every call to them shares (`transport`)."""
 
     def __init__(self, settings: DiscordSettings) -> None:
         self._settings = settings
+        self._budget = Budget(paced=settings.paced)
         self._joined: set[int] = set()
         self._mentions: OrderedDict[int, _Mention] = OrderedDict()
 
@@ -95,9 +100,11 @@ class Threads:
         """The transport to `place`, which opens the thread of a mention on first use."""
         channel = DiscordPlace.of(place).channel
         mention = self._mentions.get(channel)
+        pace = self._budget.pace(channel_limits(channel))
         if mention is None:
-            return DiscordTransport(client, channel)
-        return DiscordTransport(client, channel, opening=lambda: self._thread_of(client, mention))
+            return DiscordTransport(client, channel, pace)
+        opening = functools.partial(self._thread_of, client, mention)
+        return DiscordTransport(client, channel, pace, opening=opening)
 
     async def answered_in_channel(self, client: discord.Client, place: str, text: str) -> bool:
         """A notice for a mention that has no thread (a refusal, a command's answer): a reply
@@ -107,7 +114,9 @@ class Threads:
         if mention is None or mention.opening is not None:
             return False
         self._mentions.pop(mention.message.id, None)
-        transport = DiscordTransport(client, mention.message.channel.id, reply_to=mention.message)
+        channel = mention.message.channel.id
+        pace = self._budget.pace(channel_limits(channel))
+        transport = DiscordTransport(client, channel, pace, reply_to=mention.message)
         await send_notice(transport, text, self._settings.final_edit_seconds)
         return True
 

@@ -15,6 +15,11 @@ A post can be sent again safely: each new message of a reply carries a nonce Dis
 (`enforce_nonce`), so a post whose answer never came, sent again with the same nonce (by
 discord.py's own retries of a 5xx, or by the reply's next frame), returns the message the first
 made instead of a second one; its text is then brought up to date.
+
+Discord's limits (`channel_limits`, one budget per bot, `channels.budget`): 50 requests a second
+for the whole bot, and per channel the buckets its rate-limit headers describe: 5 posts and edits
+in 5 seconds, 5 deletions a second, 5 typing indicators in 5 seconds. Kaiwa's budget orders the
+calls by what people read; discord.py still paces each bucket by the headers it is sent.
 """
 
 import contextlib
@@ -23,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
 import aiohttp
 
+from channels.budget import Action, Limit, Limits, Pace
 from channels.discord.client import CommandButton
 from channels.discord.library import discord
 from channels.presses import fitting, payload
@@ -31,12 +37,26 @@ from core.channel import Button
 
 MESSAGE_LIMIT = 2000
 CUSTOM_ID_LIMIT = 100
+BOT_LIMIT = Limit("bot", 50, 1.0, shared=True)
+
+
+def channel_limits(channel_id: int) -> Limits:
+    """What one channel's calls count against: the bot's limit and the channel's bucket for
+    the call (posts and edits share one)."""
+    messages = Limit(f"{channel_id} messages", 5, 5.0)
+    limits = {
+        Action.POST: (BOT_LIMIT, messages),
+        Action.EDIT: (BOT_LIMIT, messages),
+        Action.DELETE: (BOT_LIMIT, Limit(f"{channel_id} deletions", 5, 1.0)),
+        Action.TYPING: (BOT_LIMIT, Limit(f"{channel_id} typing", 5, 5.0)),
+    }
+    return limits.__getitem__
 
 
 class DiscordTransport:
     """One thread, channel or DM channel as `channels.rendering` sees it. `opening`: what to
     await before the first call (the thread of a mention, opened on first use); `reply_to`: a
-    message the first post answers."""
+    message the first post answers; `pace`: the channel's share of the bot's limits."""
 
     limit = MESSAGE_LIMIT
     controls = True
@@ -47,10 +67,12 @@ class DiscordTransport:
         self,
         client: discord.Client,
         channel_id: int,
+        pace: Pace,
         *,
         opening: Callable[[], Awaitable[None]] | None = None,
         reply_to: discord.Message | None = None,
     ) -> None:
+        self.pace = pace
         self._channel = client.get_partial_messageable(channel_id)
         self._opening = opening
         self._reply_to = reply_to

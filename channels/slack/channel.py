@@ -53,16 +53,12 @@ from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from channels.budget import Budget
 from channels.connection import ConnectionState, unreachable
+from channels.notices import replace_notice, send_notice
 from channels.places import SlackPlace
 from channels.presses import answered_privately
-from channels.rendering import (
-    PlatformError,
-    RenderSettings,
-    StreamingReply,
-    replace_notice,
-    send_notice,
-)
+from channels.rendering import PlatformError, RenderSettings, StreamingReply
 from channels.settings import SlackSettings
 from channels.slack.files import SlackFiles
 from channels.slack.interactions import (
@@ -77,7 +73,7 @@ from channels.slack.names import DisplayNames
 from channels.slack.receiving import Messages
 from channels.slack.refusals import Refusal
 from channels.slack.socket_mode import PING_SECONDS, KeptUrl, SocketClient, serve_socket_mode
-from channels.slack.transport import OnlyIdempotentRetries, SlackTransport
+from channels.slack.transport import OnlyIdempotentRetries, SlackTransport, thread_limits
 from channels.throttled_log import ThrottledLog
 from core.channel import Attachment, Button, ChannelTraits, Deliver, OnPost, Reply
 from core.errors import ChannelError, StoreError
@@ -143,6 +139,7 @@ class SlackChannel(ConnectionState):
         self._names = DisplayNames(self.web_client)
         self._files = SlackFiles(tokens.bot, settings.api_url)
         self._messages = Messages(settings, self.web_client, self._names, self._files)
+        self._budget = Budget(paced=settings.paced)
         self._app = AsyncApp(
             client=self._web_client(None),  # bolt's requests carry the token `_authorized` gives
             authorize=_KnownBot(self._messages, tokens.bot),
@@ -259,7 +256,9 @@ class SlackChannel(ConnectionState):
         self, place: str, working_on: str | None = None, reaction: str = ""
     ) -> SlackTransport:
         where = SlackPlace.of(place)
-        return SlackTransport(self.web_client, where, self._messages.who_am_i, working_on, reaction)
+        pace = self._budget.pace(thread_limits(where))
+        who_am_i = self._messages.who_am_i
+        return SlackTransport(self.web_client, where, who_am_i, pace, working_on, reaction)
 
     # -- connecting ----------------------------------------------------------------------------
 

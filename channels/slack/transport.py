@@ -23,6 +23,12 @@ shows the final text, and the Stop button it was posted with goes; only a Slack 
 asked then either leaves it as it was.
 slack_sdk's own retries follow the same rule (`OnlyIdempotentRetries`): a call that creates a
 message is never sent twice by the library.
+
+Slack's limits (`thread_limits`, one budget per app, `channels.budget`) are per method and
+workspace: `chat.postMessage` about one a second in a channel with short bursts (3 in any 3
+seconds), `chat.update`, `chat.delete` and `reactions.add` Tier 3 (50 a minute: 10 in any 12
+seconds), `reactions.remove` Tier 2 (20 a minute: 5 in any 15). The working reaction counts
+against both reactions' limits, so one put on can always be taken off.
 """
 
 import asyncio
@@ -40,6 +46,7 @@ from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
+from channels.budget import Action, Limit, Limits, Pace
 from channels.formatting import slack_mrkdwn
 from channels.places import SlackPlace
 from channels.presses import fitting, payload
@@ -59,6 +66,29 @@ Find = Callable[[str, str], Awaitable[str | None]]
 """A look for a post by its mrkdwn and the newest ts before it (`SlackTransport._find`)."""
 
 
+POSTS_CALLS, POSTS_SECONDS = 3, 3.0
+TIER_2_CALLS, TIER_2_SECONDS = 5, 15.0
+TIER_3_CALLS, TIER_3_SECONDS = 10, 12.0
+
+
+def thread_limits(where: SlackPlace) -> Limits:
+    """What one thread's calls count against: its channel's posting rate, and its workspace's
+    tier for each other method."""
+
+    def tier_3(method: str) -> Limit:
+        return Limit(f"{where.team} {method}", TIER_3_CALLS, TIER_3_SECONDS, shared=True)
+
+    posts = Limit(f"{where.team} {where.channel} posts", POSTS_CALLS, POSTS_SECONDS)
+    removals = Limit(f"{where.team} reactions.remove", TIER_2_CALLS, TIER_2_SECONDS, shared=True)
+    limits = {
+        Action.POST: (posts,),
+        Action.EDIT: (tier_3("chat.update"),),
+        Action.DELETE: (tier_3("chat.delete"),),
+        Action.TYPING: (tier_3("reactions.add"), removals),
+    }
+    return limits.__getitem__
+
+
 class SlackTransport:
     """One Slack thread (or top-level DM) as `channels.rendering` sees it."""
 
@@ -71,10 +101,13 @@ class SlackTransport:
         client: AsyncWebClient,
         where: SlackPlace,
         who_am_i: WhoAmI,
+        pace: Pace,
         working_on: str | None = None,
         reaction: str = "",
     ) -> None:
-        """`who_am_i` tells the bot's own messages apart when a post is looked for."""
+        """`who_am_i` tells the bot's own messages apart when a post is looked for; `pace` is
+        the thread's share of the app's limits."""
+        self.pace = pace
         self._client = client
         self._where = where
         self._channel = where.channel

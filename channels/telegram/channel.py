@@ -43,19 +43,14 @@ from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
 from channels.connection import ConnectionState, unreachable
+from channels.notices import replace_notice, send_notice
 from channels.places import TelegramPlace
 from channels.presses import answered_privately
-from channels.rendering import (
-    PlatformError,
-    RenderSettings,
-    StreamingReply,
-    replace_notice,
-    send_notice,
-)
+from channels.rendering import PlatformError, RenderSettings, StreamingReply
 from channels.settings import TelegramSettings
 from channels.telegram.files import TelegramFiles
 from channels.telegram.receiving import Updates
-from channels.telegram.transport import TelegramTransport, retry_seconds
+from channels.telegram.transport import TelegramChats, retry_seconds
 from core.channel import COMMANDS, Attachment, Button, ChannelTraits, Deliver, OnPost, Reply
 from core.errors import ChannelError, StoreError
 from core.metrics import PLATFORM_API_ERRORS, PLATFORM_RATE_LIMITS
@@ -102,7 +97,8 @@ class TelegramChannel(ConnectionState):
             get_updates_request=self._updates_request,
         )
         self._files = TelegramFiles(self._bot, settings)
-        self._updates = Updates(self._bot, settings, self._files)
+        self._chats = TelegramChats(self._bot, paced=settings.paced)
+        self._updates = Updates(self._chats, settings, self._files)
         self._stopping = asyncio.Event()
         self._offset: int | None = None
         """The first update not yet confirmed to Telegram (None: none seen yet)."""
@@ -166,7 +162,7 @@ class TelegramChannel(ConnectionState):
         on_post: OnPost | None = None,
     ) -> Reply:
         message_id = int(reply_to.rsplit(":", 1)[1]) if reply_to else None
-        transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, message_id)
+        transport = self._chats.transport(TelegramPlace.of(place).chat, message_id)
         return StreamingReply(transport, self._render, place, posted, on_post)
 
     async def notify(
@@ -174,11 +170,11 @@ class TelegramChannel(ConnectionState):
     ) -> tuple[str, ...]:
         if await answered_privately(place, text, buttons):
             return ()
-        transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, None)
+        transport = self._chats.transport(TelegramPlace.of(place).chat)
         return await send_notice(transport, text, self._settings.final_edit_seconds, buttons)
 
     async def edit_notice(self, place: str, message_id: str, text: str) -> None:
-        transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, None)
+        transport = self._chats.transport(TelegramPlace.of(place).chat)
         await replace_notice(transport, message_id, text, self._settings.final_edit_seconds)
 
     # -- connecting ----------------------------------------------------------------------------

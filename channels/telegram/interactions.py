@@ -12,14 +12,15 @@ import functools
 import logging
 from collections.abc import Sequence
 
-from telegram import Bot, CallbackQuery
+from telegram import CallbackQuery
 from telegram.constants import CallbackQueryLimit
 
+from channels.notices import send_notice
 from channels.places import TelegramPlace
 from channels.presses import Press, pressed_command, pressing
-from channels.rendering import PlatformError, RateLimited, send_notice
+from channels.rendering import PlatformError, RateLimited
 from channels.settings import TelegramSettings
-from channels.telegram.transport import TelegramTransport, mapped_errors
+from channels.telegram.transport import TelegramChats, mapped_errors
 from core.channel import Button, ChannelMessage, Deliver
 
 logger = logging.getLogger(__name__)
@@ -30,8 +31,9 @@ PRESS_ANSWER_LIMIT = CallbackQueryLimit.ANSWER_CALLBACK_QUERY_TEXT_LENGTH
 class Presses:
     """The presses on one bot's messages."""
 
-    def __init__(self, bot: Bot, settings: TelegramSettings) -> None:
-        self._bot = bot
+    def __init__(self, chats: TelegramChats, settings: TelegramSettings) -> None:
+        self._bot = chats.bot
+        self._chats = chats
         self._settings = settings
 
     async def pressed(self, query: CallbackQuery, deliver: Deliver) -> None:
@@ -69,7 +71,7 @@ class Presses:
         with mapped_errors("answerCallbackQuery"):
             await self._bot.answer_callback_query(query.id, text=text if fits else None)
         if not fits:
-            transport = TelegramTransport(self._bot, TelegramPlace.of(place).chat, None)
+            transport = self._chats.transport(TelegramPlace.of(place).chat)
             await send_notice(transport, text, self._settings.final_edit_seconds, buttons)
 
     async def _answer_quietly(self, query: CallbackQuery) -> None:

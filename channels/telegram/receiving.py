@@ -20,13 +20,14 @@ answered twice. In a private chat every message is for the bot; in a group (when
 import logging
 from typing import Any
 
-from telegram import Bot, Message, MessageEntity, Update
+from telegram import Message, MessageEntity, Update
 from telegram.constants import ChatType
 
 from channels.places import TelegramPlace
 from channels.settings import TelegramSettings
 from channels.telegram.files import TelegramFiles, attachments_of
 from channels.telegram.interactions import Presses
+from channels.telegram.transport import TelegramChats
 from channels.throttled_log import ThrottledLog
 from core.channel import ChannelMessage, Deliver
 from core.errors import StoreError
@@ -37,11 +38,13 @@ logger = logging.getLogger(__name__)
 class Updates:
     """One bot's updates, each handed to the dispatcher: a message, or a press (`Presses`)."""
 
-    def __init__(self, bot: Bot, settings: TelegramSettings, files: TelegramFiles) -> None:
-        self._bot = bot
+    def __init__(
+        self, chats: TelegramChats, settings: TelegramSettings, files: TelegramFiles
+    ) -> None:
+        self._bot = chats.bot
         self._settings = settings
         self._files = files
-        self._presses = Presses(bot, settings)
+        self._presses = Presses(chats, settings)
         self._unreadable = ThrottledLog(logger)
 
     async def receive(self, raw: dict[str, Any], deliver: Deliver) -> None:

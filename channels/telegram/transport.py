@@ -14,6 +14,11 @@ a notice or a press's answer: 429 → `RateLimited`, "message is not modified" �
 any other refusal or network failure → `PlatformError`, an answer without the message →
 `LostMessage`, and so is a post whose answer never came (sent, then the connection failed or
 timed out): it may be out, so it is not sent again. python-telegram-bot itself retries nothing.
+
+Telegram's limits (`TelegramChats`, one budget per bot, `channels.budget`): about 30 calls a
+second for the whole bot, about one a second in one chat with short bursts (kept as 3 in any 3
+seconds), 20 a minute in a group (3 in any 9 seconds). Every call a reply or a notice makes to a
+chat counts against both, but "typing…" only against the bot's (it shows no message).
 """
 
 import contextlib
@@ -27,6 +32,7 @@ from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, ReplyParam
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, NetworkError, RetryAfter, TelegramError
 
+from channels.budget import Action, Budget, Limit, Limits, Pace
 from channels.formatting import telegram_html, utf16_len
 from channels.presses import fitting, payload
 from channels.rendering import LostMessage, PlatformError, RateLimited, counted_refusals
@@ -43,6 +49,34 @@ MESSAGE_LIMIT = 4096
 CALLBACK_DATA_LIMIT = 64  # bytes, Telegram's limit on a button's callback data
 NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 """The network failures that come before a request goes out."""
+BOT_LIMIT = Limit("bot", 30, 1.0, shared=True)
+PRIVATE_CALLS, PRIVATE_SECONDS = 3, 3.0
+GROUP_CALLS, GROUP_SECONDS = 3, 9.0
+
+
+def chat_limits(chat_id: int) -> Limits:
+    """What one chat's calls count against: the bot's limit and the chat's own (a group's is
+    slower; Telegram's group ids are negative), "typing…" the bot's alone."""
+    group = chat_id < 0
+    own = Limit(
+        f"chat {chat_id}",
+        GROUP_CALLS if group else PRIVATE_CALLS,
+        GROUP_SECONDS if group else PRIVATE_SECONDS,
+    )
+    limits = (BOT_LIMIT, own)
+    return lambda action: (BOT_LIMIT,) if action is Action.TYPING else limits
+
+
+class TelegramChats:
+    """The chats one bot writes to, sharing the Bot API's limits (`channels.budget`)."""
+
+    def __init__(self, bot: Bot, *, paced: bool = True) -> None:
+        self.bot = bot
+        self._budget = Budget(paced=paced)
+
+    def transport(self, chat_id: int, reply_to: int | None = None) -> "TelegramTransport":
+        pace = self._budget.pace(chat_limits(chat_id))
+        return TelegramTransport(self.bot, chat_id, reply_to, pace)
 
 
 class TelegramTransport:
@@ -53,10 +87,11 @@ class TelegramTransport:
     buttons_after_post = True
     measure = staticmethod(utf16_len)
 
-    def __init__(self, bot: Bot, chat_id: int, reply_to: int | None) -> None:
+    def __init__(self, bot: Bot, chat_id: int, reply_to: int | None, pace: Pace) -> None:
         self._bot = bot
         self._chat_id = chat_id
         self._reply_to = reply_to
+        self.pace = pace
 
     async def send(self, text: str, *, buttons: Sequence[Button] = ()) -> str:
         reply = ReplyParameters(self._reply_to, allow_sending_without_reply=True)

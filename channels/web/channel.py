@@ -26,9 +26,10 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 from channels.connection import ConnectionState
+from channels.notices import replace_notice, send_notice
 from channels.places import WebPlace
 from channels.presses import answered_privately
-from channels.rendering import RenderSettings, replace_notice, send_notice
+from channels.rendering import RenderSettings
 from channels.settings import WebSettings
 from channels.web import security
 from channels.web.api import WebApi

@@ -10,6 +10,7 @@ missing (no `LostMessage`) and the Stop button goes with the post itself.
 
 from collections.abc import Sequence
 
+from channels.budget import UNLIMITED
 from channels.presses import STOP
 from channels.rendering import PlatformError
 from channels.web.board import Board, UnknownBubble
@@ -24,6 +25,7 @@ class WebTransport:
     measure = staticmethod(len)
     controls = True
     buttons_after_post = False
+    pace = UNLIMITED  # the board is Kaiwa's own: nothing to keep under
 
     def __init__(self, board: Board, conversation: str, role: str = "kaiwa") -> None:
         self._board = board

@@ -65,6 +65,14 @@ def test_a_bound_is_checked(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_a_negative_post_grace_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "[channels.slack]\npost_grace = -1\n")
+    with pytest.raises(
+        ConfigError, match=r"'channels.slack.post_grace' must be 0 \(post at once\)"
+    ):
+        load_config(path)
+
+
 def test_a_thread_archive_duration_discord_does_not_offer(tmp_path: Path) -> None:
     path = write(tmp_path, "[channels.discord]\nthread_archive_minutes = 30\n")
     with pytest.raises(ConfigError, match=r"thread_archive_minutes' must be one of 60, 1440"):

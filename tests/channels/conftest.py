@@ -1,7 +1,9 @@
 """The `platform` fixture: every platform adapter, for the conformance suite.
 
 A contract marked `platforms(*names, why=...)` runs on those platforms alone, and is skipped on
-the others with `why` (tests/channels/test_conformance.py says which and why).
+the others with `why` (tests/channels/test_conformance.py says which and why). One marked
+`channel(**settings)` gets a channel built with those platform settings (the web chat, which
+has none of a platform's, is built as always).
 """
 
 import functools
@@ -30,5 +32,7 @@ async def platform(
     }
     marked = request.node.get_closest_marker("bot")
     factory = functools.partial(make_bot, **marked.kwargs) if marked else make_bot
-    async with factories[request.param](factory) as running:
+    channel = request.node.get_closest_marker("channel")
+    settings = channel.kwargs if channel and request.param != "web" else {}
+    async with factories[request.param](factory, **settings) as running:
         yield running

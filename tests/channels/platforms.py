@@ -9,6 +9,10 @@ person alone): `Platform`. One across a network also knows how to make it misbeh
 limits, refusals, answers without ids, a "typing…" request kept in flight): `RemotePlatform`.
 The suite in test_conformance.py asks for the same behaviours of every platform. A new platform
 adds a harness and joins the `platform` fixture's parameters.
+
+Each harness edits fast (`edit_interval` 0.05 s) and posts a reply's first words at once
+(`post_grace` 0), so a case sees every step of a stream; the cases about the grace and the
+platform's limits ask for the shipped values themselves.
 """
 
 import asyncio
@@ -346,6 +350,7 @@ async def telegram_platform(
     token: str = BOT_TOKEN,
     vision: bool = False,
     edit_interval: float = 0.05,
+    post_grace: float = 0.0,
     store: Store | None = None,
     **settings: Any,
 ) -> AsyncIterator[TelegramPlatform]:
@@ -359,6 +364,7 @@ async def telegram_platform(
                 base_url=fake.base_url,
                 base_file_url=fake.base_file_url,
                 edit_interval=edit_interval,
+                post_grace=post_grace,
                 poll_timeout=1,
                 **settings,
             ),
@@ -461,6 +467,7 @@ async def slack_platform(
     *,
     fake: FakeSlack | None = None,
     edit_interval: float = 0.05,
+    post_grace: float = 0.0,
     store: Store | None = None,
     **settings: Any,
 ) -> AsyncIterator[SlackPlatform]:
@@ -471,7 +478,9 @@ async def slack_platform(
         for person in (ANN, BOB, MALLORY):
             fake.person(f"U{person}", display_name=f"Person {person}", real_name="Someone Else")
         channel = SlackChannel(
-            SlackSettings(api_url=fake.api_url, edit_interval=edit_interval, **settings),
+            SlackSettings(
+                api_url=fake.api_url, edit_interval=edit_interval, post_grace=post_grace, **settings
+            ),
             SlackTokens(bot=SLACK_BOT_TOKEN, app=SLACK_APP_TOKEN),
         )
         rooms = frozenset(settings.get("allowed_channels", ()))
@@ -574,6 +583,7 @@ async def discord_platform(
     access: Allowed | None = None,
     vision: bool = False,
     edit_interval: float = 0.05,
+    post_grace: float = 0.0,
     **settings: Any,
 ) -> AsyncIterator[DiscordPlatform]:
     """A running Discord channel on the fake Discord (REST and gateway); stops as the app does."""
@@ -585,6 +595,7 @@ async def discord_platform(
                 api_base=fake.api_base,
                 gateway_url=fake.gateway_url,
                 edit_interval=edit_interval,
+                post_grace=post_grace,
                 **settings,
             ),
             DISCORD_BOT_TOKEN,

@@ -6,6 +6,9 @@ from collections.abc import Sequence
 
 import pytest
 
+from channels.budget import UNLIMITED
+from channels.marks import final_text
+from channels.notices import send_notice
 from channels.presses import STOP
 from channels.rendering import (
     LOST_NOTICE,
@@ -14,8 +17,6 @@ from channels.rendering import (
     RateLimited,
     RenderSettings,
     StreamingReply,
-    final_text,
-    send_notice,
 )
 from core.channel import Button, Delivery, Frame, Outcome
 from tests.fakes.patience import deadline
@@ -29,16 +30,18 @@ class Board:
     """A platform as a list of messages. `limited` makes the next calls raise RateLimited,
     `refusals` raise what they hold; `answers_lost` names posts (by their place in order) that
     land but raise `LostMessage`, as a post whose answer never came; `typing_gate`, once set to
-    an event, keeps each "typing…" call in flight until it is set. `edited` is set by each
-    edit."""
+    an event, keeps each "typing…" call in flight until it is set. `posted` is set by each post,
+    `edited` by each edit."""
 
     limit = 50
+    pace = UNLIMITED
 
     def __init__(self, *, controls: bool = False, buttons_after_post: bool = False) -> None:
         self.controls = controls
         self.buttons_after_post = buttons_after_post
         self.answers_lost: set[int] = set()
         self.edited = asyncio.Event()
+        self.posted = asyncio.Event()
         self.messages: list[str] = []
         self.live: list[bool] = []
         """Whether each message shows the Stop button."""
@@ -57,6 +60,7 @@ class Board:
         self._maybe_limit("send")
         self.messages.append(text)
         self.live.append(buttons == (STOP,))
+        self.posted.set()
         if len(self.messages) - 1 in self.answers_lost:
             raise LostMessage("the answer never came")
         return str(len(self.messages) - 1)
@@ -184,18 +188,36 @@ async def test_a_notice_is_sent_in_full_through_a_rate_limit(board: Board) -> No
     assert "".join(board.messages).count("word") == 20
 
 
-async def test_the_final_edit_keeps_the_interval_too(board: Board) -> None:
-    """Regression: the last edit of a stream used to come as soon as the stream ended, sooner
-    than the platform's edit interval after the previous edit."""
-    reply = StreamingReply(board, RenderSettings(min_interval=0.05), PLACE)
-    loop = asyncio.get_running_loop()
+async def test_the_final_text_does_not_wait_out_the_edit_interval(board: Board) -> None:
+    """Regression (issue 36): the last edit of a stream waited until the edit interval had passed
+    since the previous change, so a person alone waited a second for every reply's end."""
+    reply = StreamingReply(board, RenderSettings(min_interval=3600), PLACE)
     await reply.update(Frame("one"))
-    shown_at = loop.time()
     await reply.update(Frame("one two"))
     assert board.messages == ["one"], "a frame inside the interval is skipped"
-    await reply.finish("one two three", Outcome.DONE, None)
-    assert loop.time() - shown_at >= 0.05
+    await asyncio.wait_for(reply.finish("one two three", Outcome.DONE, None), GUARD_SECONDS)
     assert board.messages == ["one two three"]
+
+
+async def test_a_reply_complete_within_the_grace_is_one_message(board: Board) -> None:
+    reply = StreamingReply(board, RenderSettings(min_interval=1, post_grace=3600), PLACE)
+    await reply.update(Frame("Hel"))
+    await reply.update(Frame("Hello", activity="using current_time…"))
+    await reply.finish("Hello.", Outcome.DONE, None)
+    assert board.messages == ["Hello."]
+    assert [c for c in board.calls if c != "typing"] == ["send"], "no post followed by an edit"
+
+
+async def test_a_reply_longer_than_the_grace_shows_its_first_words_then_its_end() -> None:
+    board = Board(controls=True)
+    reply = StreamingReply(board, RenderSettings(min_interval=3600, post_grace=0.01), PLACE)
+    await reply.update(Frame("The first words"))
+    await asyncio.wait_for(board.posted.wait(), GUARD_SECONDS)
+    assert board.messages == ["The first words"] and board.live == [True]
+    await reply.update(Frame("The first words, and more"))
+    await reply.finish("The first words, and more.", Outcome.DONE, None)
+    assert board.messages == ["The first words, and more."] and board.live == [False]
+    assert [c for c in board.calls if c != "typing"] == ["send", "edit"]
 
 
 async def test_finish_with_nothing_new_makes_no_call(board: Board) -> None:
@@ -218,14 +240,11 @@ async def test_controls_show_while_streaming_and_go_with_the_final_form() -> Non
 
 async def test_controls_are_taken_away_even_when_the_text_is_already_final() -> None:
     board = Board(controls=True)
-    reply = StreamingReply(board, RenderSettings(min_interval=0.05), PLACE)
-    loop = asyncio.get_running_loop()
+    reply = StreamingReply(board, RenderSettings(min_interval=3600), PLACE)
     await reply.update(Frame("all of it"))
-    shown_at = loop.time()
-    await reply.finish("all of it", Outcome.DONE, None)
+    await asyncio.wait_for(reply.finish("all of it", Outcome.DONE, None), GUARD_SECONDS)
     assert board.live == [False]
     assert board.calls.count("edit") == 1
-    assert loop.time() - shown_at >= 0.05, "taking the control away is a change like any other"
 
 
 async def test_a_message_posted_bare_gets_its_stop_button_once_the_interval_allows() -> None:

@@ -257,7 +257,9 @@ async def test_an_answer_too_long_for_a_press_goes_to_the_chat() -> None:
         await fake.wait_until(lambda: fake.calls_to("getUpdates"), what="a poll")
         reply = channel.open_reply(place, None)
         await reply.update(Frame("Working"))
-        await fake.wait_until(lambda: fake.sent(ANN)[0].buttons, what="the Stop button")
+        await fake.wait_until(
+            lambda: fake.sent(ANN) and fake.sent(ANN)[0].buttons, what="the Stop button"
+        )
         (live,) = fake.sent(ANN)
         fake.press_button(ANN, live.message_id, payload(STOP))
         await fake.wait_until(lambda: len(fake.sent(ANN)) == 2, what="the notice")
