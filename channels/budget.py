@@ -20,6 +20,15 @@ it also fit a token bucket of N calls a T-second refill and a fixed window of N 
 the platform really runs. Kaiwa measures them at its own clock a little wider than the platform
 states (`MARGIN`), so calls that travel at different speeds do not land closer than allowed. One
 budget is one process: the workers of a cluster each keep their own (a 429 is still waited out).
+
+Invariants, each with the bug it prevents and its test (tests/channels/test_budget.py):
+- Nothing is taken while an answer waits on the same window, or status lines would keep a final
+  text waiting (`test_nothing_is_taken_while_an_answer_waits`).
+- A waiter that stands aside (cancelled, or its `unless` set) leaves the queue at once, or every
+  call behind it would wait for nothing (`test_a_waiter_that_gives_up_lets_the_next_go`,
+  `test_first_words_stand_aside_when_the_final_text_comes`).
+- A full window holds only the calls that count against it: one busy chat never delays another
+  (`test_one_full_place_does_not_hold_the_others`).
 """
 
 import asyncio

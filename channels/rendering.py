@@ -8,6 +8,10 @@ platform's own markup, with the platform's errors mapped to `RateLimited` and `P
   with no post followed by an edit; later frames edit it. The turn's frame pump paces frames (the
   channel's `frame_interval`, about one a second for Telegram), and the reply keeps
   `min_interval` between two changes while it streams, but never before its final text.
+- The first post and the final text never both go out: `finish` lets a first post on its way
+  land first, and a first post still waiting for room stands aside when the final text comes, so
+  a reply complete within the grace is one message (test_rendering.py,
+  `test_a_reply_complete_within_the_grace_is_one_message`; test_pacing.py per platform).
 - Every call asks the place's `Pace` first (`channels.budget`: the platform's limits, shared by
   every reply of the bot): the final text and the first words wait for room, most urgent first;
   edits of partial text, status lines and "typing…" go only if room is left, and are skipped
