@@ -141,14 +141,18 @@ class Budget:
     def pace(self, limits: Limits) -> "Pace":
         return Pace(self if self._paced else None, limits)
 
-    def take(self, limits: Sequence[Limit], urgency: Urgency) -> bool:
+    def has_room(self, limits: Sequence[Limit], urgency: Urgency) -> bool:
+        """Whether a call that does not wait would find room now (nothing is taken)."""
         counts = self._counts_of(limits)
         if any(count in waiter.counts for waiter in self._waiting for count in counts):
             return False  # an answer is waiting for this room
         now = _now()
         share = LEFT_FREE[urgency]
-        if all(count.free(now) - 1 >= _left_free(share, count.limit) for count in counts):
-            _spend(counts, now)
+        return all(count.free(now) - 1 >= _left_free(share, count.limit) for count in counts)
+
+    def take(self, limits: Sequence[Limit], urgency: Urgency) -> bool:
+        if self.has_room(limits, urgency):
+            _spend(self._counts_of(limits), _now())
             return True
         return False
 
@@ -228,6 +232,10 @@ class Pace:
     def take(self, action: Action, urgency: Urgency) -> bool:
         """Room for a call that does not wait (`Urgency.PARTIAL` and below), taken if left."""
         return self._budget is None or self._budget.take(self._limits(action), urgency)
+
+    def has_room(self, action: Action, urgency: Urgency) -> bool:
+        """Whether `take` would find room now; nothing is taken."""
+        return self._budget is None or self._budget.has_room(self._limits(action), urgency)
 
     async def wait(
         self, action: Action, urgency: Urgency, *, unless: asyncio.Event | None = None

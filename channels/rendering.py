@@ -15,7 +15,11 @@ platform's own markup, with the platform's errors mapped to `RateLimited` and `P
 - Every call asks the place's `Pace` first (`channels.budget`: the platform's limits, shared by
   every reply of the bot): the final text and the first words wait for room, most urgent first;
   edits of partial text, status lines and "typing…" go only if room is left, and are skipped
-  otherwise. A frame held back (by the interval, a rate limit or the budget) is not queued: the
+  otherwise. A first post goes only while the edit that would end it finds room too (a third of
+  its windows left): in a burst that has spent the edits, a reply is posted whole when it ends,
+  one call instead of a post and an edit that waits (test_rendering.py,
+  `test_a_reply_whose_final_edit_would_wait_is_posted_whole`). A frame held back (by the
+  interval, a rate limit or the budget) is not queued: the
   next change shows the newest state, and when no frame comes (a model that stalls after its
   first words), the reply shows it itself as soon as a change is allowed again.
 - Past the platform's length limit the text continues in follow-up messages (`split_message`:
@@ -468,6 +472,8 @@ class StreamingReply:
                     await self._transport.edit(shown.message_id, piece, buttons=buttons)
                 shown.text, shown.buttons = piece, buttons
             else:
+                if live and index == 0 and not self._pace.has_room(Action.EDIT, Urgency.PARTIAL):
+                    return False  # no room for the edit that would end it: posted whole later
                 if not await self._room(Action.POST, urgency):
                     return False
                 posted_with = () if self._transport.buttons_after_post else buttons

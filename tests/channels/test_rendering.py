@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from channels.budget import UNLIMITED
+from channels.budget import UNLIMITED, Action, Budget, Limit, Pace, Urgency
 from channels.marks import final_text
 from channels.notices import send_notice
 from channels.presses import STOP
@@ -34,7 +34,7 @@ class Board:
     `edited` by each edit."""
 
     limit = 50
-    pace = UNLIMITED
+    pace: Pace = UNLIMITED
 
     def __init__(self, *, controls: bool = False, buttons_after_post: bool = False) -> None:
         self.controls = controls
@@ -218,6 +218,23 @@ async def test_a_reply_longer_than_the_grace_shows_its_first_words_then_its_end(
     await reply.finish("The first words, and more.", Outcome.DONE, None)
     assert board.messages == ["The first words, and more."] and board.live == [False]
     assert [c for c in board.calls if c != "typing"] == ["send", "edit"]
+
+
+async def test_a_reply_whose_final_edit_would_wait_is_posted_whole() -> None:
+    """Regression (issue 36): in a burst every reply posted its first words into a budget its
+    edits had already spent, so each final text then waited its turn behind the others."""
+    board = Board()
+    edits = Limit("edits", 3, 3600)
+    board.pace = Budget().pace(lambda action: (edits,) if action is Action.EDIT else ())
+    for _ in range(2):  # other replies' edits: one call of the window left
+        await board.pace.wait(Action.EDIT, Urgency.FINAL)
+    reply = StreamingReply(board, RenderSettings(min_interval=0, post_grace=0), PLACE)
+    await reply.update(Frame("The first words"))
+    assert board.messages == [], "no post whose end would have to wait"
+    ending = reply.finish("The first words, and more.", Outcome.DONE, None)
+    await asyncio.wait_for(ending, GUARD_SECONDS)
+    assert board.messages == ["The first words, and more."], "the reply, whole, never lost"
+    assert [c for c in board.calls if c != "typing"] == ["send"]
 
 
 async def test_finish_with_nothing_new_makes_no_call(board: Board) -> None:
