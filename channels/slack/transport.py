@@ -26,8 +26,9 @@ message is never sent twice by the library.
 
 Slack's limits (`thread_limits`, one budget per app, `channels.budget`) are per method and
 workspace: `chat.postMessage` about one a second in a channel with short bursts (3 in any 3
-seconds), `chat.update`, `chat.delete` and `reactions.add` Tier 3 (50 a minute: 10 in any 12
-seconds), `reactions.remove` Tier 2 (20 a minute: 5 in any 15). The working reaction counts
+seconds), `chat.update`, `chat.delete` and `reactions.add` Tier 3 (50 a minute), and
+`reactions.remove` Tier 2 (20 a minute), each counted over a minute as Slack counts them, so a
+burst may spend a minute's calls at once. The working reaction counts
 against both reactions' limits, so one put on can always be taken off.
 """
 
@@ -67,8 +68,8 @@ Find = Callable[[str, str], Awaitable[str | None]]
 
 
 POSTS_CALLS, POSTS_SECONDS = 3, 3.0
-TIER_2_CALLS, TIER_2_SECONDS = 5, 15.0
-TIER_3_CALLS, TIER_3_SECONDS = 10, 12.0
+TIER_2_CALLS, TIER_2_SECONDS = 20, 60.0
+TIER_3_CALLS, TIER_3_SECONDS = 50, 60.0
 
 
 def thread_limits(where: SlackPlace) -> Limits:
