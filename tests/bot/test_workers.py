@@ -271,6 +271,21 @@ async def test_three_workers_answer_every_message_once_in_order_through_a_kill(
         return unanswered[0][0] == 0 and live[0][0] == 0
 
     await wait_for(all_answered, "every message answered")
+
+    def replied(chat: int) -> bool:
+        telegram_chat = telegram.sent(1000 + chat)
+        answers = [
+            m for m in telegram_chat if m.reply_to is not None or m.visible.startswith(RESTARTED)
+        ]
+        return len(answers) >= ROUNDS and len(slack.posted(f"D{chat}")) >= ROUNDS
+
+    async def all_shown() -> bool:
+        """A turn is recorded done before its last text goes out, and that text may wait for
+        the platform's budget (channels.budget). Regression (of this test): it read the fakes
+        the moment the database said done, and missed a final text still on its way."""
+        return all(replied(chat) for chat in range(1, CHATS + 1))
+
+    await wait_for(all_shown, "every reply shown")
     told_again = 0
 
     for chat in range(1, CHATS + 1):  # a reply each, in order, never two; or a notice

@@ -81,8 +81,19 @@ async def test_a_voice_note_is_heard_quoted_and_answered_as_the_persons_spoken_w
 ) -> None:
     bot = hearing(speech, make_bot)
     bot.ollama.script(Text("Sunny, 24 °C."))
+    speech.script(Hang())  # the status line is shown while the server works, not raced past
 
     await bot.send("", attachments=(voice(bot, note),))
+    await speech.hanging()
+    await bot.channel.wait_until(
+        lambda: any(
+            frame.activity == "transcribing your voice note…"
+            for reply in bot.channel.replies
+            for frame in reply.frames
+        ),
+        "the status line of a transcription",
+    )
+    speech.release()
     (reply,) = await bot.channel.finished()
 
     (upload,) = speech.uploads
@@ -93,7 +104,6 @@ async def test_a_voice_note_is_heard_quoted_and_answered_as_the_persons_spoken_w
     )
     assert reply.outcome is Outcome.DONE
     assert reply.text == f"> 🎙 Heard (3 s): “{HEARD}”\n\nSunny, 24 °C."
-    assert any(frame.activity == "transcribing your voice note…" for frame in reply.frames)
     stored = [m for m in await bot.history() if m.role == "user"]
     assert [m.text for m in stored] == [asked]
     assert stored[0].author == "ann"
