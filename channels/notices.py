@@ -10,8 +10,9 @@ up, raised to the caller.
 from collections.abc import Sequence
 
 from channels.budget import Action
+from channels.calls import keep_trying, paced
 from channels.formatting import split_message
-from channels.rendering import FINAL_EDIT_SECONDS, Transport, keep_trying, paced
+from channels.rendering import FINAL_EDIT_SECONDS, Transport
 from core.channel import Button
 
 

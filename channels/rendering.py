@@ -65,17 +65,17 @@ platform's own markup, with the platform's errors mapped to `RateLimited` and `P
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from channels.budget import Action, Pace, Urgency
+from channels.calls import LostMessage, PlatformError, RateLimited, keep_trying, paced
 from channels.formatting import split_message
 from channels.marks import final_text
 from channels.presses import STOP
 from channels.settings import PlatformSettings
 from core.channel import Button, Card, Delivery, Frame, OnPost, Outcome, platform_of
-from core.metrics import PLATFORM_API_ERRORS, PLATFORM_RATE_LIMITS
 
 logger = logging.getLogger(__name__)
 
@@ -84,50 +84,6 @@ SKIPPED_PAUSE_SECONDS = 0.1
 """The least a reply waits before it tries again a change the budget had no room for."""
 TYPING_GIVE_UP_SECONDS = 300.0
 FINAL_EDIT_SECONDS = 300.0
-
-
-class RateLimited(Exception):
-    """The platform asked us to wait `retry_after` seconds before the next call."""
-
-    def __init__(self, retry_after: float) -> None:
-        super().__init__(f"rate limited; retry after {retry_after:g} s")
-        self.retry_after = retry_after
-
-
-class PlatformError(Exception):
-    """The platform refused a call, could not be reached, or answered in a way we cannot use;
-    the message says which, in words for the log."""
-
-
-FindLost = Callable[[], Awaitable[str | None]]
-"""How a platform looks again for a lost post: its message's id, None if it did not land;
-`LostMessage` while that still cannot be told."""
-
-
-class LostMessage(PlatformError):
-    """A post went through, or may have (its answer never came), but nothing says which message
-    it made: it is never sent again. `find`, on a platform that lets a bot read its messages
-    back (Slack), looks for it again later."""
-
-    def __init__(self, why: str, find: FindLost | None = None) -> None:
-        super().__init__(why)
-        self.find = find
-
-
-@contextlib.contextmanager
-def counted_refusals(platform: str, *, rate_limits: bool = True) -> Iterator[None]:
-    """Each refusal raised through the block counted for the operators (`core.metrics`): a rate
-    limit (unless `rate_limits` is off: the library counts them where it meets them), or any
-    other failed call of `platform`'s API. A transport's error mapping runs in it."""
-    try:
-        yield
-    except RateLimited:
-        if rate_limits:
-            PLATFORM_RATE_LIMITS.labels(platform).inc()
-        raise
-    except PlatformError:
-        PLATFORM_API_ERRORS.labels(platform).inc()
-        raise
 
 
 LOST_NOTICE = (
@@ -218,18 +174,16 @@ class StreamingReply:
         on_post: OnPost | None = None,
     ) -> None:
         """`place` names the reply in the log; `posted`: messages an earlier process posted for
-        this reply (taken up again, their text unknown, so the final text replaces them);
-        `on_post` hears `posted` after each new post (`core.channel.Channel.open_reply`)."""
+        this reply (their text unknown: the final text replaces them); `on_post` hears `posted`
+        after each new post (`core.channel.Channel.open_reply`)."""
         self._transport = transport
         self._pace = transport.pace
         self._on_post = on_post
         self._settings = settings
         self._place = place
         self._shown: list[_Shown] = [_Shown.unknown(message_id) for message_id in posted]
-        self._retry_at = 0.0
-        """No call before this (the platform's own 429)."""
-        self._next_change_at = 0.0
-        """No change of the streaming reply before this (`min_interval`)."""
+        self._retry_at = 0.0  # no call before this (the platform's own 429)
+        self._next_change_at = 0.0  # no change of a streaming reply before this (`min_interval`)
         self._refused = False
         self._lost: LostMessage | None = None
         self._newest = ""
@@ -549,43 +503,6 @@ async def _keep_typing(transport: Transport, shows: asyncio.Event, place: str) -
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(TYPING_REFRESH_SECONDS):
                 await shows.wait()
-
-
-async def keep_trying(
-    attempt: Callable[[], Awaitable[object]],
-    seconds: float,
-    *,
-    first_wait: float = 0.0,
-    done: Callable[[], bool] = lambda: False,
-) -> None:
-    """Call `attempt` until it is not rate limited (or `done()` says nothing is left to do),
-    waiting before each try as long as the platform asked. Raises the last `RateLimited` once
-    the next try would come later than `seconds` from now."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    wait = max(0.0, first_wait)
-    while not done():
-        if loop.time() + wait > deadline:
-            raise RateLimited(wait)
-        await asyncio.sleep(wait)
-        try:
-            await attempt()
-            return
-        except RateLimited as limited:
-            logger.info("rate limited: trying again in %g s", limited.retry_after)
-            wait = limited.retry_after
-
-
-@contextlib.asynccontextmanager
-async def paced(pace: Pace, action: Action) -> AsyncIterator[None]:
-    """A call that shows a final text (a notice, a command's answer): it waits for room in the
-    place's budget, and a 429 holds the place for as long as the platform asked."""
-    await pace.wait(action, Urgency.FINAL)
-    try:
-        yield
-    except RateLimited as limited:
-        pace.hold(action, limited.retry_after)
-        raise
 
 
 def status_line(frame: Frame, settings: RenderSettings) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 import yarl
 
+from channels.calls import PlatformError
 from channels.connection import ConnectionState, unreachable
 from channels.discord.client import INTENT_FIX, DiscordClient, new_client
 from channels.discord.files import DiscordFiles
@@ -40,7 +41,7 @@ from channels.discord.receiving import Messages, Threads
 from channels.notices import replace_notice, send_notice
 from channels.places import DiscordPlace
 from channels.presses import answered_privately
-from channels.rendering import PlatformError, RenderSettings, StreamingReply
+from channels.rendering import RenderSettings, StreamingReply
 from channels.settings import DiscordSettings
 from channels.throttled_log import ThrottledLog
 from core.channel import Attachment, Button, ChannelTraits, Deliver, OnPost, Reply

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from channels.budget import Budget
+from channels.calls import PlatformError
 from channels.discord.client import INTENT_FIX
 from channels.discord.files import attachments_of, images_of
 from channels.discord.library import discord
@@ -42,7 +43,6 @@ from channels.discord.transport import DiscordTransport, channel_limits
 from channels.notices import send_notice
 from channels.places import DiscordPlace
 from channels.presses import without_mention
-from channels.rendering import PlatformError
 from channels.settings import DiscordSettings
 from core.channel import ChannelMessage
 

@@ -29,10 +29,10 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 import aiohttp
 
 from channels.budget import Action, Limit, Limits, Pace
+from channels.calls import LostMessage, PlatformError, RateLimited, counted_refusals
 from channels.discord.client import CommandButton
 from channels.discord.library import discord
 from channels.presses import fitting, payload
-from channels.rendering import LostMessage, PlatformError, RateLimited, counted_refusals
 from core.channel import Button
 
 MESSAGE_LIMIT = 2000

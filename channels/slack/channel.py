@@ -54,11 +54,12 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.budget import Budget
+from channels.calls import PlatformError
 from channels.connection import ConnectionState, unreachable
 from channels.notices import replace_notice, send_notice
 from channels.places import SlackPlace
 from channels.presses import answered_privately
-from channels.rendering import PlatformError, RenderSettings, StreamingReply
+from channels.rendering import RenderSettings, StreamingReply
 from channels.settings import SlackSettings
 from channels.slack.files import SlackFiles
 from channels.slack.interactions import (

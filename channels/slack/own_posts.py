@@ -23,8 +23,8 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from channels.calls import LostMessage
 from channels.places import SlackPlace
-from channels.rendering import LostMessage
 from channels.slack.receiving import Identity
 from channels.slack.refusals import Refusal
 

@@ -30,7 +30,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.rendering import PlatformError
+from channels.calls import PlatformError
 from channels.throttled_log import ThrottledLog
 from core.errors import ChannelError
 

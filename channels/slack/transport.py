@@ -48,10 +48,10 @@ from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.budget import Action, Limit, Limits, Pace
+from channels.calls import LostMessage, PlatformError, RateLimited, counted_refusals
 from channels.formatting import slack_mrkdwn
 from channels.places import SlackPlace
 from channels.presses import fitting, payload
-from channels.rendering import LostMessage, PlatformError, RateLimited, counted_refusals
 from channels.slack.own_posts import WhoAmI, find_own_post, is_ts, lookback_ts
 from channels.slack.refusals import Refusal
 from core.channel import Button

@@ -42,11 +42,12 @@ from telegram import Bot, BotCommand, Update
 from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
+from channels.calls import PlatformError
 from channels.connection import ConnectionState, unreachable
 from channels.notices import replace_notice, send_notice
 from channels.places import TelegramPlace
 from channels.presses import answered_privately
-from channels.rendering import PlatformError, RenderSettings, StreamingReply
+from channels.rendering import RenderSettings, StreamingReply
 from channels.settings import TelegramSettings
 from channels.telegram.files import TelegramFiles
 from channels.telegram.receiving import Updates

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from telegram import CallbackQuery
 from telegram.constants import CallbackQueryLimit
 
+from channels.calls import PlatformError, RateLimited
 from channels.notices import send_notice
 from channels.places import TelegramPlace
 from channels.presses import Press, pressed_command, pressing
-from channels.rendering import PlatformError, RateLimited
 from channels.settings import TelegramSettings
 from channels.telegram.transport import TelegramChats, mapped_errors
 from core.channel import Button, ChannelMessage, Deliver

@@ -33,9 +33,9 @@ from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, NetworkError, RetryAfter, TelegramError
 
 from channels.budget import Action, Budget, Limit, Limits, Pace
+from channels.calls import LostMessage, PlatformError, RateLimited, counted_refusals
 from channels.formatting import telegram_html, utf16_len
 from channels.presses import fitting, payload
-from channels.rendering import LostMessage, PlatformError, RateLimited, counted_refusals
 from core.channel import Button
 
 # python-telegram-bot 22 reports time periods (RetryAfter.retry_after, ...) as ints with a

@@ -11,8 +11,8 @@ missing (no `LostMessage`) and the Stop button goes with the post itself.
 from collections.abc import Sequence
 
 from channels.budget import UNLIMITED
+from channels.calls import PlatformError
 from channels.presses import STOP
-from channels.rendering import PlatformError
 from channels.web.board import Board, UnknownBubble
 from core.channel import Button
 

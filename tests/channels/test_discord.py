@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from channels.calls import PlatformError
 from channels.discord.channel import DiscordChannel
 from channels.presses import STOP, payload
-from channels.rendering import PlatformError
 from channels.settings import DiscordSettings
 from core.agent.tools import ToolContext
 from core.channel import COMMANDS, Button, ChannelMessage, Frame

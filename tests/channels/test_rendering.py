@@ -7,17 +7,11 @@ from collections.abc import Sequence
 import pytest
 
 from channels.budget import UNLIMITED, Action, Budget, Limit, Pace, Urgency
+from channels.calls import LostMessage, PlatformError, RateLimited
 from channels.marks import final_text
 from channels.notices import send_notice
 from channels.presses import STOP
-from channels.rendering import (
-    LOST_NOTICE,
-    LostMessage,
-    PlatformError,
-    RateLimited,
-    RenderSettings,
-    StreamingReply,
-)
+from channels.rendering import LOST_NOTICE, RenderSettings, StreamingReply
 from core.channel import Button, Delivery, Frame, Outcome
 from tests.fakes.patience import deadline
 

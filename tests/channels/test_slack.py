@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
+from channels.calls import PlatformError
 from channels.presses import STOP, payload
-from channels.rendering import PlatformError
 from channels.settings import SlackSettings
 from channels.slack.channel import SlackChannel, SlackTokens
 from channels.slack.names import DisplayNames

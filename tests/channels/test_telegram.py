@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from fpdf import FPDF
 
+from channels.calls import PlatformError
 from channels.places import TelegramPlace
 from channels.presses import STOP, payload
-from channels.rendering import PlatformError
 from channels.settings import TelegramSettings
 from channels.telegram.channel import TelegramChannel
 from core.channel import COMMANDS, Attachment, AttachmentKind, ChannelMessage, Frame, Outcome
