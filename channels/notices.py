@@ -2,7 +2,7 @@
 shared by every adapter that has a `channels.rendering.Transport`.
 
 A notice is a final text from the start: each piece waits for room in the place's budget as a
-reply's final text does (`channels.rendering.paced`), and is sent whole through rate limits
+reply's final text does (`channels.calls.paced`), and is sent whole through rate limits
 for up to `seconds`, so a notice is never lost to a burst; only past that deadline is it given
 up, raised to the caller.
 """
