@@ -3,7 +3,8 @@
 Built on discord.py's `Client`, run inside our event loop (`login`, then `connect`, which
 resumes or re-identifies by itself after a drop, a RECONNECT or an INVALID_SESSION). discord.py
 has no per-client URLs, so the configured REST base and gateway URL are applied to its two
-process-wide seams (`Route.BASE`, `DiscordWebSocket.DEFAULT_GATEWAY`) when the channel is built.
+process-wide seams (`discord.http.Route.BASE`, `DiscordWebSocket.DEFAULT_GATEWAY`) when the
+channel is built.
 The client (`channels.discord.client`) reports every event here; what a message says and where
 it belongs is `channels.discord.receiving`'s, a slash command's or click's
 `channels.discord.interactions`', and replies go out through `channels.discord.transport`. The

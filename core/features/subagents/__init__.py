@@ -2,6 +2,6 @@
 
 `agents.py` is the part (launching, carrying reports, stopping, what a restart left),
 `delegation.py` what the model sees (the tools, whom it may choose, the caps' refusals),
-`work.py` one run's agent loop, `board.py` the status message while runs work, `runs.py` the
-data, and `commands.py` `/agents`.
+`work.py` one run's agent loop, `routing.py` which model a run gets and why, `board.py` the
+status message while runs work, `runs.py` the data, and `commands.py` `/agents`.
 """

@@ -18,7 +18,7 @@ are delivered.
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -40,6 +40,7 @@ from core.features.subagents.delegation import (
     total_refusal,
     wait_tool,
 )
+from core.features.subagents.routing import Route, RoutingSettings
 from core.features.subagents.runs import Claims, Run, SubagentSettings, format_report, slug
 from core.features.subagents.work import Workbench, work
 from core.store import RunStart, Store, not_awaited
@@ -287,34 +288,28 @@ class Subagents(Part):
         conversation has no room left for them (`max_total`, decided by the store)."""
         runs = self._runs.setdefault(place, [])
         names: list[str] = [run.name for run in runs]
-        specs, routes = [], []
+        plans = []
         for task in tasks:
             names.append(slug(task.get("name") or task["instruction"], names))
             chosen = self._profile(delegator, task["profile"])
             offered = self._parts.tools_for(chosen)
-            tools = [offered[name] for name in task.get("tools") or offered]
-            routed = self.settings.routing.route(task.get("kind", ""), task["instruction"], tools)
-            model, why = routed or (chosen.model, "")
-            routes.append(why)
-            specs.append(RunStart(names[-1], task["profile"], model, task["instruction"]))
+            plans.append(planned(names[-1], task, chosen, offered, self.settings.routing))
         conversation_id, turn_id = where
         parent_id = parent.row_id if parent is not None else None
         stored = await self._store.start_runs(
-            conversation_id, turn_id, specs, parent_id, max_total=self.settings.max_total
+            conversation_id,
+            turn_id,
+            [plan.start for plan in plans],
+            parent_id,
+            max_total=self.settings.max_total,
         )
         if not stored:
             return None
         started = []
-        for spec, task, why, grant, (row_id, key) in zip(
-            specs, tasks, routes, grants, stored, strict=True
-        ):
-            run = Run(row_id, key, spec.name, spec.profile, spec.model, spec.task, place, platform)
-            run.conversation_id, run.parent, run.route = conversation_id, parent, why
-            run.granted = grant
-            profile = replace(self._profile(delegator, spec.profile), model=spec.model)
-            offered = self._parts.tools_for(profile)
-            allowed = set(task.get("tools") or offered)
-            tools = {name: each for name, each in offered.items() if name in allowed}
+        for plan, grant, (row_id, key) in zip(plans, grants, stored, strict=True):
+            run = plan.run(row_id, key, place, platform)
+            run.conversation_id, run.parent, run.granted = conversation_id, parent, grant
+            tools, profile = dict(plan.tools), plan.profile
             if profile.delegates_to and run.depth() < self.settings.max_depth:
                 nested = partial(self._delegate_nested, run, profile)
                 tools["delegate"] = delegate_tool(menu(self._profiles, profile), nested, waits=True)
@@ -351,6 +346,45 @@ class Subagents(Part):
     def _forget_delivered(self, place: str) -> None:
         runs = self._runs.get(place, [])
         runs[:] = [run for run in runs if run.status == "running" or run.delivery == "pending"]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A task's run as decided before it is stored: how it starts, its profile on the model it
+    runs, its tools (the task's narrowing of its profile's), and the route that chose the model
+    (None: its profile's own)."""
+
+    start: RunStart
+    profile: AgentProfile
+    tools: Mapping[str, Tool]
+    route: Route | None
+
+    def run(self, row_id: int, key: str, place: str, platform: str) -> Run:
+        start = self.start
+        run = Run(row_id, key, start.name, start.profile, start.model, start.task, place, platform)
+        if self.route is not None:
+            run.tier, run.route = self.route.tier, self.route.reason
+        return run
+
+
+def planned(
+    name: str,
+    task: dict[str, Any],
+    chosen: AgentProfile,
+    offered: Mapping[str, Tool],
+    routing: RoutingSettings,
+) -> Planned:
+    """The run of `task` (named `name`) on profile `chosen`, whose tools are `offered`. Its
+    success criteria, when it has them, close its task, so the sub-agent reads them and its
+    transcript keeps them."""
+    allowed = task.get("tools") or list(offered)
+    tools = {each: offered[each] for each in offered if each in allowed}
+    criteria = (task.get("criteria") or "").strip()
+    route = routing.route(task.get("kind") or "", task["instruction"], criteria, [*tools.values()])
+    model = route.model if route is not None else chosen.model
+    text = task["instruction"] + (f"\n\nDone when: {criteria}" if criteria else "")
+    start = RunStart(name, task["profile"], model, text)
+    return Planned(start, replace(chosen, model=model), tools, route)
 
 
 def _written(transcript: Sequence[SubagentMessage]) -> str:

@@ -118,7 +118,7 @@ def describe_run(row: SubagentRun, live: Run | None, cap: int) -> str:
     return (
         f"{row.name} ({row.key}) · {row.profile} · {state} · {seconds:.0f} s · "
         f"{calls}/{cap} model calls · {tokens} tokens"
-        + (f" · {row.model}, routed {live.route}" if live is not None and live.route else "")
+        + (f" · {row.model} ({live.tier}: {live.route})" if live is not None and live.tier else "")
     )
 
 

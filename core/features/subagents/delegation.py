@@ -28,6 +28,10 @@ GENERAL_PROMPT = (
     "have, and be precise about what you found and what you could not find."
 )
 Tasks = list[dict[str, Any]]
+TASK_FIELDS = (
+    "Give each task its kind and its criteria (what done looks like, which the sub-agent "
+    "reads): with model routing on, they choose the model it runs on."
+)
 TASKS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -41,6 +45,7 @@ TASKS_SCHEMA: dict[str, Any] = {
                     "name": {"type": "string"},
                     "tools": {"type": "array", "items": {"type": "string"}},
                     "kind": {"type": "string", "enum": ["extract", "format", "analyze", "other"]},
+                    "criteria": {"type": "string"},
                 },
                 "required": ["profile", "instruction"],
             },
@@ -96,7 +101,7 @@ def delegate_tool(
     )
     return Tool(
         name="delegate",
-        description=f"{what} Profiles: {choosing}.",
+        description=f"{what} {TASK_FIELDS} Profiles: {choosing}.",
         function=delegate,
         parameters=TASKS_SCHEMA,
     )
@@ -124,7 +129,7 @@ def launched(runs: Sequence[Run]) -> str:
 
 
 def _routed(run: Run) -> str:
-    return f" (routed {run.route})" if run.route else ""
+    return f" ({run.tier}: {run.route})" if run.tier else ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,40 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from core.agent.messages import UsageTotals
-from core.agent.tools import Tool
 from core.channel import platform_of
+from core.features.subagents.routing import RoutingSettings
 from core.store.tables import SubagentRun
 
 WORD = re.compile(r"[a-z0-9]+(?:[.:/-][a-z0-9]+)*")
 NAME_WORDS = 4
-
-
-@dataclass(frozen=True)
-class RoutingSettings:
-    """[subagents.routing]: a model per kind of task instead of each profile's own, decided by
-    plain rules so the choice can be explained (off by default)."""
-
-    enabled: bool = False
-    small: str = ""
-    """For `extract` and `format` tasks with only read-only tools and a short instruction."""
-    medium: str = ""
-    """For `analyze` tasks."""
-    large: str = ""
-    """For everything else."""
-    short_instruction: int = 400
-    """Characters an instruction may have and still count as short."""
-
-    def route(self, kind: str, instruction: str, tools: Sequence[Tool]) -> tuple[str, str] | None:
-        """The model for a task, and why; None when routing is off."""
-        if not self.enabled:
-            return None
-        if kind in ("extract", "format"):
-            if all(each.read_only for each in tools) and len(instruction) <= self.short_instruction:
-                return self.small, f"small: a short {kind} task with read-only tools"
-            return self.large, f"large: a {kind} task with tools that change things or a long brief"
-        if kind == "analyze":
-            return self.medium, "medium: an analyze task"
-        return self.large, "large: " + (f"a {kind} task" if kind else "no kind given")
 
 
 @dataclass(frozen=True)
@@ -104,8 +76,10 @@ class Run:
     on_change: Callable[[], None] = lambda: None
     """Told whenever what `/agents` would show of the run changes."""
 
+    tier: str = ""
+    """The tier routing chose ('' when it runs its profile's model)."""
     route: str = ""
-    """Why routing chose its model ('' when it runs its profile's)."""
+    """Why routing chose that tier, without the tier ('' when it runs its profile's model)."""
     granted: frozenset[str] = frozenset()
     """Tools needing approval that a person allowed for this run when it was delegated."""
 

@@ -12,7 +12,7 @@ from typing import Any
 from core.agent.profile import AgentProfile
 from core.channel import Button, Outcome
 from core.dispatch.recovery import Recovery, leftovers
-from core.features.subagents.runs import RoutingSettings, SubagentSettings, slug
+from core.features.subagents.runs import SubagentSettings, slug
 from core.store import RunStart, Store, TurnStart, TurnState
 from tests.fakes.ollama import Pause, Text, ToolCall
 from tests.harness import PLACE, Bot, BotFactory, echo
@@ -412,44 +412,6 @@ async def test_stopping_a_sub_agent_stops_the_ones_it_launched(make_bot: BotFact
     await bot.runner.wait_idle(PLACE)
 
     assert (planner.status, trains.status) == ("stopped", "stopped")
-
-
-ROUTING = RoutingSettings(enabled=True, small="small-m", medium="medium-m", large="large-m")
-
-
-def test_routing_picks_a_tier_by_the_tasks_kind_tools_and_length() -> None:
-    reader = echo  # read-only
-    assert ROUTING.route("extract", "the dates", [reader]) == (
-        "small-m",
-        "small: a short extract task with read-only tools",
-    )
-    assert ROUTING.route("format", "x" * 401, [reader])[0] == "large-m"  # type: ignore[index]
-    assert ROUTING.route("analyze", "why", [])[0] == "medium-m"  # type: ignore[index]
-    assert ROUTING.route("", "anything", [])[1] == "large: no kind given"  # type: ignore[index]
-    assert RoutingSettings().route("extract", "x", []) is None, "off by default"
-
-
-async def test_a_routed_sub_agent_runs_on_its_tiers_model_and_says_why(
-    make_bot: BotFactory,
-) -> None:
-    bot = parent(make_bot, subagents=replace(QUIET, routing=ROUTING))
-    bot.ollama.models.append("small-m")
-    extract = task("extract the dates", kind="extract")
-    bot.ollama.script(ToolCall("delegate", {"tasks": [extract]}))
-    bot.ollama.script(Text("On it."))
-    bot.ollama.script_for("dates", reports("May 1."))
-    bot.ollama.script(Text("May 1."))
-
-    await bot.send("when?")
-    await bot.channel.finished(2)
-    await bot.runner.wait_idle(PLACE)
-
-    (ran,) = [r for r in bot.ollama.requests if "You research" in str(r["messages"][0])]
-    assert ran["model"] == "small-m"
-    launched = requests_with(bot, "Launched 1 sub-agent")[0]["messages"][-1]["content"]
-    assert (
-        "extract-the-dates (a1, researcher) on small-m (routed small: a short extract" in launched
-    )
 
 
 async def test_a_report_that_lands_mid_turn_is_delivered_once_after_that_turn(
