@@ -40,7 +40,7 @@ from core.features.subagents.delegation import (
     total_refusal,
     wait_tool,
 )
-from core.features.subagents.routing import Route, RoutingSettings
+from core.features.subagents.routing import CHEAP_TIERS, Route, RoutingSettings
 from core.features.subagents.runs import Claims, Run, SubagentSettings, format_report, slug
 from core.features.subagents.work import Workbench, work
 from core.store import RunStart, Store, not_awaited
@@ -288,12 +288,13 @@ class Subagents(Part):
         conversation has no room left for them (`max_total`, decided by the store)."""
         runs = self._runs.setdefault(place, [])
         names: list[str] = [run.name for run in runs]
+        policy = parent.policy if parent is not None else self.settings.routing
         plans = []
         for task in tasks:
             names.append(slug(task.get("name") or task["instruction"], names))
             chosen = self._profile(delegator, task["profile"])
             offered = self._parts.tools_for(chosen)
-            plans.append(planned(names[-1], task, chosen, offered, self.settings.routing))
+            plans.append(planned(names[-1], task, chosen, offered, policy))
         conversation_id, turn_id = where
         parent_id = parent.row_id if parent is not None else None
         stored = await self._store.start_runs(
@@ -309,8 +310,9 @@ class Subagents(Part):
         for plan, grant, (row_id, key) in zip(plans, grants, stored, strict=True):
             run = plan.run(row_id, key, place, platform)
             run.conversation_id, run.parent, run.granted = conversation_id, parent, grant
+            run.policy = policy
             tools, profile = dict(plan.tools), plan.profile
-            if profile.delegates_to and run.depth() < self.settings.max_depth:
+            if may_delegate(run, profile, self.settings.max_depth):
                 nested = partial(self._delegate_nested, run, profile)
                 tools["delegate"] = delegate_tool(menu(self._profiles, profile), nested, waits=True)
             self._boards.show(run)
@@ -365,6 +367,14 @@ class Planned:
         if self.route is not None:
             run.tier, run.route = self.route.tier, self.route.reason
         return run
+
+
+def may_delegate(run: Run, profile: AgentProfile, max_depth: int) -> bool:
+    """A run whose profile delegates gets `delegate` below the depth cap, unless routing put it
+    on a cheap tier: a task routed there cannot reach broader tools or a larger model through a
+    child."""
+    cheap = run.tier in CHEAP_TIERS
+    return bool(profile.delegates_to) and not cheap and run.depth() < max_depth
 
 
 def planned(

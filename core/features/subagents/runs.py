@@ -80,6 +80,9 @@ class Run:
     """The tier routing chose ('' when it runs its profile's model)."""
     route: str = ""
     """Why routing chose that tier, without the tier ('' when it runs its profile's model)."""
+    policy: RoutingSettings = field(default_factory=RoutingSettings)
+    """The routing it was launched under, which routes the runs it launches in turn (as it was
+    when it started, whatever the settings say later)."""
     granted: frozenset[str] = frozenset()
     """Tools needing approval that a person allowed for this run when it was delegated."""
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from core.agent.tools import tool
 from core.features.subagents.routing import Route, RoutingSettings
-from tests.core.features.test_subagents import QUIET, parent, reports, task
-from tests.fakes.ollama import Text, ToolCall
+from tests.core.features.test_subagents import PLANNER, QUIET, RESEARCHER, reports, task
+from tests.fakes.ollama import Pause, Text, ToolCall
 from tests.harness import PLACE, Bot, BotFactory, echo
 
 ROUTING = RoutingSettings(enabled=True, small="small-m", medium="medium-m", large="large-m")
@@ -119,15 +119,27 @@ def test_routing_is_off_by_default() -> None:
     assert RoutingSettings().route("extract", "extract the dates", CRITERIA, []) is None
 
 
-def routed(make_bot: BotFactory, **settings: Any) -> Bot:
-    bot = parent(make_bot, subagents=replace(QUIET, routing=ROUTING), **settings)
+def routed(make_bot: BotFactory, delegates_to: str = "researcher") -> Bot:
+    """A bot whose agent delegates to `delegates_to` (`planner` delegates to `researcher`),
+    with routing on and the tiers' models on the fake."""
+    agents = {"researcher": RESEARCHER, "planner": PLANNER}
+    settings = replace(QUIET, routing=ROUTING)
+    bot = make_bot(agents=agents, delegates_to=(delegates_to,), subagents=settings)
     bot.ollama.models += ["small-m", "medium-m", "large-m"]
     return bot
+
+
+def planner_task(instruction: str, **more: Any) -> dict[str, Any]:
+    return {"profile": "planner", "instruction": instruction, **more}
 
 
 def run_request(bot: Bot, marker: str) -> dict[str, Any]:
     """The first request of the sub-agent whose task has `marker`."""
     return next(r for r in bot.ollama.requests if marker in str(r["messages"][1]["content"]))
+
+
+def tool_names(request: dict[str, Any]) -> list[str]:
+    return [each["function"]["name"] for each in request.get("tools") or ()]
 
 
 async def test_three_tasks_run_on_their_tiers_models(make_bot: BotFactory) -> None:
@@ -164,3 +176,72 @@ async def test_three_tasks_run_on_their_tiers_models(make_bot: BotFactory) -> No
         "extract-the-names (a3, researcher) on large-m "
         "(large: an extract task without success criteria):" in launched
     )
+
+
+async def test_a_small_or_medium_run_is_not_offered_delegate(make_bot: BotFactory) -> None:
+    """Regression (issue 37): runs routed to small and medium were offered `delegate`, so a
+    task routed to a cheap tier could reach broader tools or a larger model through a child."""
+    bot = routed(make_bot, "planner")
+    tasks = [
+        planner_task("analyze the timetable", kind="analyze", criteria="the fastest train"),
+        planner_task("extract the stations", kind="extract", criteria="one per line"),
+    ]
+    bot.ollama.script(ToolCall("delegate", {"tasks": tasks}))
+    bot.ollama.script(Text("On it."))
+    bot.ollama.script_for("timetable", reports("The 9:00."))
+    bot.ollama.script_for("stations", reports("Bern, Thun."))
+    bot.ollama.script(Text("Both back."))
+
+    await bot.send("plan my trip")
+    await bot.channel.finished(2)
+    await bot.runner.wait_idle(PLACE)
+
+    medium, small = run_request(bot, "timetable"), run_request(bot, "stations")
+    assert (medium["model"], small["model"]) == ("medium-m", "small-m")
+    assert "delegate" not in tool_names(medium), "a medium run cannot widen itself by a child"
+    assert "delegate" not in tool_names(small), "nor a small one"
+
+
+def trip_planner(bot: Bot, *before: Any) -> None:
+    """The agent hands the planner an `other` task; the planner (after `before`) hands a
+    researcher a small-eligible extract, then reports."""
+    child = task("extract the trains", kind="extract", criteria="each departure time")
+    bot.ollama.script(ToolCall("delegate", {"tasks": [planner_task("look into the trip")]}))
+    bot.ollama.script(Text("Planning."))
+    bot.ollama.script_for("look into", *before, ToolCall("delegate", {"tasks": [child]}))
+    bot.ollama.script_for("look into", reports("Take the 9:00."))
+    bot.ollama.script_for("trains", reports("9:00 and 11:00."))
+    bot.ollama.script(Text("The 9:00 it is."))
+
+
+async def test_a_large_run_delegates_and_its_child_is_routed(make_bot: BotFactory) -> None:
+    bot = routed(make_bot, "planner")
+    trip_planner(bot)
+
+    await bot.send("plan my trip")
+    await bot.channel.finished(2)
+    await bot.runner.wait_idle(PLACE)
+
+    planner = run_request(bot, "look into the trip")
+    assert planner["model"] == "large-m"
+    assert "delegate" in tool_names(planner), "a large run keeps nested delegation"
+    assert run_request(bot, "extract the trains")["model"] == "small-m"
+
+
+async def test_a_nested_delegation_is_routed_by_the_policy_its_parent_started_under(
+    make_bot: BotFactory,
+) -> None:
+    """Issue 37: a child is routed by the policy as it was when its parent started (read from
+    the settings of the moment before; they never change while Kaiwa runs, so the snapshot
+    makes the rule explicit rather than fixing a seen failure)."""
+    bot = routed(make_bot, "planner")
+    trip_planner(bot, Pause("plan"))
+
+    await bot.send("plan my trip")
+    await bot.ollama.reached("plan")
+    bot.subagents.settings = replace(bot.subagents.settings, routing=RoutingSettings())
+    bot.ollama.release("plan")
+    await bot.channel.finished(2)
+    await bot.runner.wait_idle(PLACE)
+
+    assert run_request(bot, "extract the trains")["model"] == "small-m"
