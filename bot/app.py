@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from bot import kaiwa_version
@@ -66,12 +67,14 @@ async def run(
         await model.close()
         raise NothingToServe(nothing_to_serve(config))
     try:
-        problems = await find_problems(config, model, adapters)
+        problems, routing = await find_problems(config, model, adapters)
         if problems:
             for problem in problems:  # in the log file; on stderr once, in the command's words
                 logger.error("cannot start: %s", problem, extra=PRINTED)
             sys.stderr.write("".join(f"kaiwa: cannot start: {p}\n" for p in problems))
             return 1
+        if routing:  # never a run that fails on a missing model: each runs its profile's
+            config = _without_routing(config, routing)
         store = await Store.open(config.database_url(), config.storage.store_settings())
         settings = turn_settings(config, store)
         try:
@@ -89,6 +92,14 @@ async def run(
         for adapter in adapters:
             await adapter.close()
         await model.close()
+
+
+def _without_routing(config: Config, problems: list[str]) -> Config:
+    """`config` with sub-agent routing off, said once (in the log, and on stderr), with why."""
+    why = "; ".join(problems)
+    logger.warning("sub-agent routing is off, each sub-agent runs its profile's model: %s", why)
+    routing = config.subagents.routing.off()
+    return replace(config, subagents=replace(config.subagents, routing=routing))
 
 
 def _coordinator(config: Config) -> Coordinator:

@@ -6,7 +6,7 @@ status: a service manager that restarts Kaiwa with the same environment cannot c
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -25,12 +25,14 @@ class Checkable(Protocol):
 
 async def find_problems(
     config: Config, model: ModelClient, channels: Sequence[Checkable] = ()
-) -> list[str]:
-    """Every problem that would stop Kaiwa from working, each with its fix."""
-    problems = timezone_problems(config) + (await check_models(config, model)).problems
+) -> tuple[list[str], list[str]]:
+    """Every problem that would stop Kaiwa from working, each with its fix; and those of
+    sub-agent routing, which only turn routing off."""
+    models = await check_models(config, model)
+    problems = timezone_problems(config) + models.problems
     for channel in channels:
         problems += await channel.problems()
-    return problems
+    return problems, models.routing
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,9 @@ class Models:
     reachable: bool
     found: list[str]
     problems: list[str]
+    routing: list[str] = field(default_factory=list)
+    """What keeps `[subagents.routing]` from working: `kaiwa check` fails on it, but `kaiwa
+    run` starts with routing off (each sub-agent on its profile's model)."""
 
 
 def nothing_to_serve(config: Config) -> str:
@@ -68,7 +73,8 @@ async def check_models(config: Config, model: ModelClient) -> Models:
     found = [name for name in wanted if model_is_available(name, available)]
     missing = [name for name in wanted if name not in found]
     problems = [f"model {name} not found: run `ollama pull {name}`" for name in missing]
-    return Models(reachable=True, found=found, problems=problems)
+    routing = config.subagents.routing.problems(available)
+    return Models(reachable=True, found=found, problems=problems, routing=routing)
 
 
 def timezone_problems(config: Config) -> list[str]:

@@ -518,12 +518,6 @@ def _checked(config: Config) -> Config:
     for key, number in positive.items():
         if number <= 0:
             raise ConfigError(f"'{key}' must be greater than 0, got {number}")
-    routing = config.subagents.routing
-    if routing.enabled and not (routing.small and routing.medium and routing.large):
-        raise ConfigError(
-            "'subagents.routing' is enabled: set its small, medium and large models (or turn it "
-            "off with enabled = false)"
-        )
     for name, server in config.mcp.items():
         _check_mcp_server(name, server)
     if not 0 <= config.channels.web.port <= 65535:

@@ -42,7 +42,8 @@ async def check(config: Config, output: TextIO = sys.stdout) -> int:
     try:
         models = await check_models(config, model)
         ready, unready = await _channels(config, opened)
-        problems += timezone_problems(config) + models.problems + unready + servers.problems()
+        problems += timezone_problems(config) + models.problems + models.routing + unready
+        problems += servers.problems()
         fine = [*_ollama_line(config, models), *ready]
         windows = await agent_windows(config, model, models.found)
         fine += [f"context window: {window.line}" for window in windows]

@@ -735,3 +735,66 @@ async def test_check_says_whether_the_transcription_server_answers_with_its_mode
     assert code == 1
     (problem,) = [line for line in out.splitlines() if line.startswith("problem: ")]
     assert server.url in problem and "[transcription].url" in problem
+
+
+def with_routing(config: Path, small: str, medium: str, large: str) -> Path:
+    tiers = f'small = "{small}"\nmedium = "{medium}"\nlarge = "{large}"\n'
+    config.write_text(config.read_text() + f"\n[subagents.routing]\nenabled = true\n{tiers}")
+    return config
+
+
+async def test_check_names_each_unusable_routing_tier(ollama: FakeOllama, tmp_path: Path) -> None:
+    """Issue 37: an empty tier stopped the start, while a tier naming a model Ollama lacks, or
+    one shared by two tiers, went unnoticed until a run failed on it."""
+    config = with_routing(write_config(tmp_path, ollama.url), "", "gone-m", "gone-m")
+
+    code, out, _ = await finish(await kaiwa("--config", str(config), "check"))
+
+    assert code == 1
+    assert out == all_fine(ollama) + (
+        "problem: [subagents.routing].small is empty: name a model, or set enabled = false\n"
+        "problem: [subagents.routing].medium names gone-m, which Ollama does not have: run "
+        "`ollama pull gone-m`\n"
+        "problem: [subagents.routing].medium and large both name gone-m: give each tier its "
+        "own model\n"
+    )
+
+
+async def test_run_with_a_missing_tier_warns_once_and_sub_agents_use_their_profiles_model(
+    ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """Issue 37: routing with a tier naming a model Ollama does not have would send a run to a
+    model that 404s; Kaiwa starts with routing off instead, and says so once."""
+    ollama.models += ["m-medium", "m-large"]
+    config = with_routing(write_config(tmp_path, ollama.url), "gone-m", "m-medium", "m-large")
+    dates = {
+        "profile": "general",
+        "instruction": "extract the dates",
+        "kind": "extract",
+        "criteria": "each date as YYYY-MM-DD",
+    }
+    ollama.script(ToolCall("delegate", {"tasks": [dates]}))
+    ollama.script(Text("A helper is on it."))
+    ollama.script_for("extract the dates", Pause("dates"), ToolCall("report", {"summary": "May 1"}))
+    ollama.script(Text("The date is May 1."))
+    process = await kaiwa("--config", str(config), stdin=asyncio.subprocess.PIPE)
+    assert process.stdin is not None
+
+    await read_until(process, READY)
+    process.stdin.write(b"when is it?\n")
+    await ollama.reached("dates")
+    (held,) = [r for r in ollama.requests if "extract the dates" in r["messages"][1]["content"]]
+    ollama.release("dates")
+    await read_until(process, "The date is May 1.")
+    process.stdin.close()
+    code, _, err = await finish(process)
+
+    assert code == 0, err
+    assert held["model"] == "test-model", "the profile's own model, not a tier's"
+    warning = (
+        "sub-agent routing is off, each sub-agent runs its profile's model: "
+        "[subagents.routing].small names gone-m, which Ollama does not have: run "
+        "`ollama pull gone-m`"
+    )
+    assert (tmp_path / "state" / "kaiwa.log").read_text().count(warning) == 1
+    assert err.count(warning) == 1

@@ -11,8 +11,9 @@ reason, which every view prints as `tier: reason`, so the choice can always be e
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from core.agent.model import model_is_available
 from core.agent.tools import Tool
 
 SMALL, MEDIUM, LARGE = "small", "medium", "large"
@@ -129,6 +130,32 @@ class RoutingSettings:
             return None
         tier, reason = decide(kind, instruction, criteria, tools)
         return Route(tier, {SMALL: self.small, MEDIUM: self.medium}.get(tier, self.large), reason)
+
+    def problems(self, available: Sequence[str]) -> list[str]:
+        """What would make a routed run fail or mean nothing, each with its fix, against the
+        models Ollama has (`available`): a tier left empty, a tier naming a model Ollama does
+        not have, a tier naming another's model. None when routing is off."""
+        if not self.enabled:
+            return []
+        problems, named = [], {}
+        for tier, model in ((SMALL, self.small), (MEDIUM, self.medium), (LARGE, self.large)):
+            key = f"[subagents.routing].{tier}"
+            same = named.setdefault(model if ":" in model else f"{model}:latest", tier)
+            if not model:
+                problems.append(f"{key} is empty: name a model, or set enabled = false")
+            elif same != tier:
+                problems.append(
+                    f"[subagents.routing].{same} and {tier} both name {model}: give each tier "
+                    "its own model"
+                )
+            elif not model_is_available(model, available):
+                problems.append(
+                    f"{key} names {model}, which Ollama does not have: run `ollama pull {model}`"
+                )
+        return problems
+
+    def off(self) -> "RoutingSettings":
+        return replace(self, enabled=False)
 
 
 def decide(kind: str, instruction: str, criteria: str, tools: Sequence[Tool]) -> tuple[str, str]:
