@@ -141,7 +141,8 @@ class Card:
     show it as more than a line of its text (the web chat's live cards); the message's text
     says the same for every other channel. `key` is what commands name it by (`a1`), `doing`
     its current step, `buttons` what a person may do with it now (Stop it, read its
-    transcript), each a command that can also be typed."""
+    transcript), each a command that can also be typed, and `route` why it runs on `model`
+    (`tier: reason`; '' when it runs its profile's)."""
 
     key: str
     name: str
@@ -151,6 +152,7 @@ class Card:
     model: str
     model_calls: int
     buttons: tuple[Button, ...] = ()
+    route: str = ""
 
 
 @dataclass(frozen=True)

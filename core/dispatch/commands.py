@@ -28,6 +28,7 @@ from core.turns.turn import StopReport
 
 STOP_WAIT_SECONDS = 10.0
 USAGE_TURNS_SHOWN = 20
+USAGE_RUNS_SHOWN = 12
 
 Handler = Callable[[ChannelMessage, Channel, Command], Awaitable[None]]
 
@@ -150,6 +151,8 @@ def describe_usage(
     context: ContextReport | None = None,
     runs: Sequence[SubagentRun] = (),
 ) -> str:
+    """The conversation's spend: each of its latest turns, their total, its sub-agents apart
+    (each with its model and why), and everything by model."""
     if not turns:
         return "No turns in this conversation yet."
     lines = [f"Usage of this conversation ({len(turns)} {plural(len(turns), 'turn')}):"]
@@ -157,38 +160,35 @@ def describe_usage(
     if first_shown:
         lines.append(f"(turns 1-{first_shown} are only in the total)")
     for number, turn in enumerate(turns[first_shown:], start=first_shown + 1):
-        spent = _spent(
-            turn.model_calls,
-            _tokens([turn.prompt_tokens]),
-            _tokens([turn.output_tokens]),
-            turn.model_seconds,
-        )
         wrapped = ", answered at the limit of its model calls" if turn.wrapped_up else ""
-        lines.append(f"#{number} {turn.status}{wrapped}: {spent}")
-    lines.append(
-        "Total: "
-        + _spent(
-            sum(t.model_calls for t in turns),
-            _tokens([t.prompt_tokens for t in turns]),
-            _tokens([t.output_tokens for t in turns]),
-            sum(t.model_seconds for t in turns),
-        )
-    )
+        lines.append(f"#{number} {turn.status}{wrapped}: {_spent([turn])}")
+    lines.append(f"Total: {_spent(turns)}")
     if any(t.prompt_tokens is None for t in turns):
         lines.append("(? : tokens not known for a model call cut short)")
     if runs:
-        lines.append(
-            f"Sub-agents ({len(runs)} {plural(len(runs), 'run')}, not in the total): "
-            + _spent(
-                sum(r.model_calls for r in runs),
-                _tokens([r.prompt_tokens for r in runs]),
-                _tokens([r.output_tokens for r in runs]),
-                sum(r.model_seconds for r in runs),
-            )
-        )
+        count = f"{len(runs)} {plural(len(runs), 'run')}"
+        lines.append(f"Sub-agents ({count}, not in the total): {_spent(runs)}")
+        lines += [
+            f"  {run.key} {run.name}: {run.model} ({run.why_model()}), {_spent([run])}"
+            for run in runs[:USAGE_RUNS_SHOWN]
+        ]
+        if len(runs) > USAGE_RUNS_SHOWN:
+            lines.append(f"  +{len(runs) - USAGE_RUNS_SHOWN} more")
+    lines += _by_model(turns, runs)
     if context is not None:
         lines.append(describe_context(context))
     return "\n".join(lines)
+
+
+def _by_model(turns: Sequence[Turn], runs: Sequence[SubagentRun]) -> list[str]:
+    """The spend of turns and runs by the model each ran on (turns stored before 0015 under
+    "(not recorded)"); nothing when no sub-agent ran and the turns had one model."""
+    models: dict[str, list[Turn | SubagentRun]] = {}
+    for each in [*turns, *runs]:
+        models.setdefault(each.model or "(not recorded)", []).append(each)
+    if not runs and len(models) == 1:
+        return []
+    return ["By model:", *(f"  {model}: {_spent(rows)}" for model, rows in models.items())]
 
 
 def _tokens(counts: Sequence[int | None]) -> str:
@@ -199,7 +199,12 @@ def _tokens(counts: Sequence[int | None]) -> str:
     return f"{known}+?" if known else "?"
 
 
-def _spent(calls: int, tokens_in: str, tokens_out: str, seconds: float) -> str:
+def _spent(spenders: Sequence[Turn | SubagentRun]) -> str:
+    """What turns or runs spent together."""
+    calls = sum(each.model_calls for each in spenders)
+    tokens_in = _tokens([each.prompt_tokens for each in spenders])
+    tokens_out = _tokens([each.output_tokens for each in spenders])
+    seconds = sum(each.model_seconds for each in spenders)
     return (
         f"{calls} model {plural(calls, 'call')}, {tokens_in} tokens in, {tokens_out} out, "
         f"{seconds:.1f} s"

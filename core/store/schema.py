@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine, inspect, text
 
 from core.errors import StoreError
 
-SCHEMA_HEAD = "0014"
+SCHEMA_HEAD = "0015"
 MIGRATIONS = Path(__file__).parent / "migrations"
 MIGRATION_LOCK = 0x4B41495741  # "KAIWA": one migration at a time per database
 

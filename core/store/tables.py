@@ -80,6 +80,8 @@ class Turn(SQLModel, table=True):
     provenance: str = Field(max_length=20)
     attempt: int = 1
     """1, or 2 for the one run again after a restart interrupted it before it showed anything."""
+    model: str | None = Field(default=None, max_length=200)
+    """The agent's model, which its usage is counted under (None for turns before 0015)."""
     status: str = Field(max_length=20)
     stop_reason: str | None = Field(default=None, max_length=40)
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
@@ -187,6 +189,10 @@ class SubagentRun(SQLModel, table=True):
     name: str = Field(max_length=100)
     profile: str = Field(max_length=100)
     model: str = Field(max_length=200)
+    tier: str | None = Field(default=None, max_length=20)
+    """The tier routing chose; None when it ran its profile's model (or before 0015)."""
+    route: str | None = Field(default=None, max_length=300)
+    """Why routing chose that tier, without the tier."""
     task: str = Field(sa_column=Column(Text, nullable=False))
     status: str = Field(max_length=20)
     report: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
@@ -203,6 +209,10 @@ class SubagentRun(SQLModel, table=True):
     token: str | None = Field(default=None, max_length=32)
     """The `start_runs` call that stored it (one for all the runs it stored), so a replay
     of that call finds its runs."""
+
+    def why_model(self) -> str:
+        """Why it ran on `model`, as every view says it: `tier: reason` when routing chose it."""
+        return f"{self.tier}: {self.route}" if self.tier else "its profile's"
 
 
 class SubagentMessage(SQLModel, table=True):

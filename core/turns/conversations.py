@@ -206,6 +206,7 @@ class Conversations:
             inbound_event_id=request.inbound_event_id,
             conversation_id=conversation.conversation_id,
             attempt=request.attempt,
+            model=agent.model,
         )
 
     # -- a turn's keys and compactions ----------------------------------------------------------

@@ -388,7 +388,8 @@
     say(element.querySelector("h3"), `${card.name} (${card.key})`);
     const calls = `${card.model_calls} model call${card.model_calls === 1 ? "" : "s"}`;
     const seconds = `${Math.round(card.seconds)} s`;
-    say(element.querySelector(".figures"), [card.doing, seconds, card.model, calls].filter(Boolean).join(" · "));
+    const model = card.route ? `${card.model} (${card.route})` : card.model;
+    say(element.querySelector(".figures"), [card.doing, seconds, model, calls].filter(Boolean).join(" · "));
     const buttons = JSON.stringify(card.buttons ?? []);
     if (element.dataset.buttons !== buttons) {
       element.dataset.buttons = buttons;

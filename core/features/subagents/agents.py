@@ -40,7 +40,7 @@ from core.features.subagents.delegation import (
     total_refusal,
     wait_tool,
 )
-from core.features.subagents.routing import CHEAP_TIERS, Route, RoutingSettings
+from core.features.subagents.routing import CHEAP_TIERS, RoutingSettings
 from core.features.subagents.runs import Claims, Run, SubagentSettings, format_report, slug
 from core.features.subagents.work import Workbench, work
 from core.store import RunStart, Store, not_awaited
@@ -352,20 +352,18 @@ class Subagents(Part):
 
 @dataclass(frozen=True)
 class Planned:
-    """A task's run as decided before it is stored: how it starts, its profile on the model it
-    runs, its tools (the task's narrowing of its profile's), and the route that chose the model
-    (None: its profile's own)."""
+    """A task's run as decided before it is stored: how it starts (its model, and the tier and
+    reason when routing chose it), its profile on that model, and its tools (the task's
+    narrowing of its profile's)."""
 
     start: RunStart
     profile: AgentProfile
     tools: Mapping[str, Tool]
-    route: Route | None
 
     def run(self, row_id: int, key: str, place: str, platform: str) -> Run:
         start = self.start
         run = Run(row_id, key, start.name, start.profile, start.model, start.task, place, platform)
-        if self.route is not None:
-            run.tier, run.route = self.route.tier, self.route.reason
+        run.tier, run.route = start.tier, start.route
         return run
 
 
@@ -391,10 +389,12 @@ def planned(
     tools = {each: offered[each] for each in offered if each in allowed}
     criteria = (task.get("criteria") or "").strip()
     route = routing.route(task.get("kind") or "", task["instruction"], criteria, [*tools.values()])
-    model = route.model if route is not None else chosen.model
     text = task["instruction"] + (f"\n\nDone when: {criteria}" if criteria else "")
-    start = RunStart(name, task["profile"], model, text)
-    return Planned(start, replace(chosen, model=model), tools, route)
+    if route is None:
+        start = RunStart(name, task["profile"], chosen.model, text)
+    else:
+        start = RunStart(name, task["profile"], route.model, text, route.tier, route.reason)
+    return Planned(start, replace(chosen, model=start.model), tools)
 
 
 def _written(transcript: Sequence[SubagentMessage]) -> str:

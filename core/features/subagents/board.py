@@ -1,10 +1,11 @@
 """The status message of a conversation's running sub-agents.
 
-While a conversation's sub-agents run, one message there shows each (name, state, elapsed),
-edited no faster than the channel allows (a `FramePump`, as a reply is), and becomes a one-line
-summary when the last one ends. Each frame also carries every run as a `Card` (its step, its
-model and model calls, a Stop button while it runs, and its transcript, `/agents <id>`), for a
-channel that shows live cards (the web chat); the summary carries their final states. A
+While a conversation's sub-agents run, one message there shows each (name, state, elapsed,
+model and the tier routing chose), edited no faster than the channel allows (a `FramePump`, as
+a reply is), and becomes a one-line summary when the last one ends. Each frame also carries
+every run as a `Card` (its step, its model, why it runs on it, and model calls, a Stop button
+while it runs, and its transcript, `/agents <id>`), for a channel that shows live cards (the
+web chat); the summary carries their final states. A
 channel that cannot edit in place (`ChannelTraits.edits_in_place`: a pipe) gets only that
 summary, as a notice: each edit would print below the last, in the middle of the
 conversation's replies. It is not a record: nothing is stored before
@@ -97,7 +98,8 @@ class _Board:
     def _frame(self) -> Frame:
         now = time.monotonic()
         lines = [
-            f"· {run.name} ({run.key}) · {run.doing} · {(run.ended or now) - run.started:.0f} s"
+            f"· {run.name} ({run.key}) · {run.doing} · {(run.ended or now) - run.started:.0f} s · "
+            f"{run.model}" + (f" ({run.tier})" if run.tier else "")
             for run in self._runs
         ]
         return Frame("Sub-agents:\n" + "\n".join(lines), cards=self._cards())
@@ -120,6 +122,7 @@ def card_of(run: Run) -> Card:
         model=run.model,
         model_calls=run.usage.model_calls,
         buttons=buttons,
+        route=f"{run.tier}: {run.route}" if run.tier else "",
     )
 
 

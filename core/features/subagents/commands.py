@@ -85,7 +85,7 @@ class AgentsCommand:
         lines = [
             describe_run(row, live, self._subagents.settings.max_iterations),
             f"Task: {row.task}",
-            f"Model: {row.model}",
+            f"Model: {row.model}, " + ("tier " if row.tier else "") + row.why_model(),
         ]
         if live is not None and live.last_tool:
             lines.append(f"Last tool: {live.last_tool}")
@@ -104,7 +104,7 @@ class AgentsCommand:
 
 
 def describe_run(row: SubagentRun, live: Run | None, cap: int) -> str:
-    """`name · profile · state · elapsed · calls of the cap · tokens`."""
+    """`name · profile · state · elapsed · calls of the cap · tokens · model (why)`."""
     state = live.doing if live is not None and live.status == "running" else row.status
     if live is not None:
         ended = live.ended if live.ended is not None else time.monotonic()
@@ -117,8 +117,7 @@ def describe_run(row: SubagentRun, live: Run | None, cap: int) -> str:
         tokens = f"{(row.prompt_tokens or 0) + (row.output_tokens or 0):,}" if known else "?"
     return (
         f"{row.name} ({row.key}) · {row.profile} · {state} · {seconds:.0f} s · "
-        f"{calls}/{cap} model calls · {tokens} tokens"
-        + (f" · {row.model} ({live.tier}: {live.route})" if live is not None and live.tier else "")
+        f"{calls}/{cap} model calls · {tokens} tokens · {row.model} ({row.why_model()})"
     )
 
 

@@ -95,6 +95,7 @@ class Run:
         assert row.id is not None
         platform = platform_of(place)
         run = cls(row.id, row.key, row.name, row.profile, row.model, row.task, place, platform)
+        run.tier, run.route = row.tier or "", row.route or ""
         run.status = status or row.status
         run.report = report if report is not None else row.report or ""
         run.ended = time.monotonic()

@@ -42,6 +42,9 @@ class RunStart:
     profile: str
     model: str
     task: str
+    tier: str = ""
+    """The tier routing chose, and why (`route`); '' when it runs its profile's model."""
+    route: str = ""
 
 
 class SubagentRunStore(StoreBase):
@@ -83,6 +86,8 @@ class SubagentRunStore(StoreBase):
                         "name": spec.name,
                         "profile": spec.profile,
                         "model": spec.model,
+                        "tier": spec.tier or None,
+                        "route": spec.route or None,
                         "task": spec.task,
                         "status": "running",
                         "delivery": "pending",

@@ -88,6 +88,8 @@ class TurnStart:
     """The place's conversation (`conversation_of`); None opens a new one, with `agent` and
     `system_prompt`."""
     attempt: int = 1
+    model: str = ""
+    """The agent's model, which the turn's usage is counted under."""
 
 
 @dataclass(frozen=True)
@@ -388,6 +390,7 @@ def _turn_row(start: TurnStart, now: datetime) -> dict[str, Any]:
         "inbound_event_id": start.inbound_event_id,
         "provenance": start.provenance,
         "attempt": start.attempt,
+        "model": start.model or None,
         "status": "running",
         "started_at": now,
         **_usage_values(UsageTotals()),

@@ -9,9 +9,21 @@ from dataclasses import replace
 from typing import Any
 
 from core.agent.tools import tool
+from core.dispatch.commands import describe_usage
+from core.dispatch.recovery import Recovery, leftovers
+from core.features.subagents.board import card_of
 from core.features.subagents.routing import Route, RoutingSettings
-from tests.core.features.test_subagents import PLANNER, QUIET, RESEARCHER, reports, task
-from tests.fakes.ollama import Pause, Text, ToolCall
+from core.features.subagents.runs import SubagentSettings
+from core.store import RunStart, Store, TurnStart, TurnState
+from core.store.tables import SubagentRun, Turn, utc_now
+from tests.core.features.test_subagents import (
+    PLANNER,
+    RESEARCHER,
+    finished,
+    reports,
+    task,
+)
+from tests.fakes.ollama import Done, Pause, Text, ToolCall
 from tests.harness import PLACE, Bot, BotFactory, echo
 
 ROUTING = RoutingSettings(enabled=True, small="small-m", medium="medium-m", large="large-m")
@@ -119,11 +131,13 @@ def test_routing_is_off_by_default() -> None:
     assert RoutingSettings().route("extract", "extract the dates", CRITERIA, []) is None
 
 
-def routed(make_bot: BotFactory, delegates_to: str = "researcher") -> Bot:
+def routed(
+    make_bot: BotFactory, delegates_to: str = "researcher", status_message: bool = False
+) -> Bot:
     """A bot whose agent delegates to `delegates_to` (`planner` delegates to `researcher`),
     with routing on and the tiers' models on the fake."""
     agents = {"researcher": RESEARCHER, "planner": PLANNER}
-    settings = replace(QUIET, routing=ROUTING)
+    settings = SubagentSettings(status_message=status_message, routing=ROUTING)
     bot = make_bot(agents=agents, delegates_to=(delegates_to,), subagents=settings)
     bot.ollama.models += ["small-m", "medium-m", "large-m"]
     return bot
@@ -245,3 +259,112 @@ async def test_a_nested_delegation_is_routed_by_the_policy_its_parent_started_un
     await bot.runner.wait_idle(PLACE)
 
     assert run_request(bot, "extract the trains")["model"] == "small-m"
+
+
+async def test_agents_status_message_store_and_usage_say_each_runs_model_tier_and_why(
+    make_bot: BotFactory,
+) -> None:
+    """Regression (issue 37): only the delegate result said which model a run had and why;
+    /agents did only while it ran, the status message and /usage never, and nothing stored it."""
+    bot = routed(make_bot, status_message=True)
+    tasks = [
+        task("extract the dates", kind="extract", criteria=CRITERIA),
+        task("look around", kind="other"),
+    ]
+    bot.ollama.script(ToolCall("delegate", {"tasks": tasks}), Done(100, 10))
+    bot.ollama.script(Text("On it."), Done(110, 5))
+    bot.ollama.script(Pause("told a2"), Text("Nothing around."), Done(120, 6))
+    bot.ollama.script(Pause("told a1"), Text("May 1."), Done(130, 7))
+    bot.ollama.script_for("dates", Pause("dates"), reports("May 1."), Done(40, 8))
+    bot.ollama.script_for("around", reports("Nothing."), Done(60, 12))
+
+    await bot.send("when?")
+    await bot.ollama.reached("dates")
+    await bot.ollama.reached("told a2")  # a2 has ended; a1 is held
+    await bot.send("/agents")
+    board = next(r for r in bot.channel.replies if r.reply_to is None)
+    await bot.channel.wait_until(lambda: "small-m (small)" in board.shown, "a1's model and tier")
+    live = next(card for frame in board.frames for card in frame.cards if card.key == "a1")
+    bot.ollama.release("told a2")
+    bot.ollama.release("dates")
+    bot.ollama.release("told a1")
+    await finished(bot, "a1")
+    await bot.ollama.reached("told a1")
+    await bot.runner.wait_idle(PLACE)
+    await bot.send("/agents a1")
+    await bot.send("/usage")
+
+    listing, detail, usage = bot.channel.notices_in(PLACE)
+    a1_line = next(line for line in listing.splitlines() if line.startswith("extract-the-dates"))
+    assert a1_line.endswith(f" · small-m (small: {SMALL_REASON})")
+    assert live.route == f"small: {SMALL_REASON}"
+    assert f"Model: small-m, tier small: {SMALL_REASON}" in detail.splitlines()
+    conversation = await bot.store.active_conversation(PLACE)
+    assert conversation is not None and conversation.id is not None
+    rows = await bot.store.runs(conversation.id)
+    assert [(r.key, r.model, r.tier, r.route) for r in rows] == [
+        ("a1", "small-m", "small", SMALL_REASON),
+        ("a2", "large-m", "large", "a task of kind 'other'"),
+    ]
+    lines = usage.splitlines()
+    expected = [
+        f"  a1 extract-the-dates: small-m (small: {SMALL_REASON}), 1 model call, 40 tokens in, 8 ",
+        "  a2 look-around: large-m (large: a task of kind 'other'), 1 model call, 60 tokens in, ",
+        "By model:",
+        "  test-model: 4 model calls, 460 tokens in, 28 out, ",
+        "  small-m: 1 model call, 40 tokens in, 8 out, ",
+        "  large-m: 1 model call, 60 tokens in, 12 out, ",
+    ]
+    start = lines.index(next(line for line in lines if line.startswith("Sub-agents (2 runs")))
+    shown = lines[start + 1 : start + 1 + len(expected)]
+    assert [line[: len(want)] for line, want in zip(shown, expected, strict=True)] == expected
+
+
+async def test_a_run_read_back_after_a_restart_keeps_its_tier_and_reason(
+    make_bot: BotFactory, store: Store
+) -> None:
+    """Regression (issue 37): a run's tier and reason lived only in memory, so after a restart
+    /agents no longer said why the run had its model."""
+    started = await store.start_turn(TurnStart(PLACE, "assistant", "System.", "person", "go"))
+    dates = RunStart("extract-the-dates", "researcher", "small-m", "extract", "small", SMALL_REASON)
+    await store.start_runs(started.conversation_id, started.turn_id, [dates])
+    await store.record_turn(started.conversation_id, started.turn_id, state=TurnState("done"))
+
+    bot = routed(make_bot)  # the new process
+    left = await leftovers(store, bot.runner.parts)
+    await Recovery(store, bot.runner, {"test": bot.channel}).resolve(left)
+    await bot.send("/agents a1")
+
+    run = bot.subagents.find(PLACE, "a1")
+    assert run is not None and (run.status, run.tier, run.route) == ("lost", "small", SMALL_REASON)
+    assert card_of(run).route == f"small: {SMALL_REASON}"
+    detail = bot.channel.notices_in(PLACE)[-1]
+    assert f"Model: small-m, tier small: {SMALL_REASON}" in detail.splitlines()
+
+
+def test_usage_puts_turns_stored_before_their_model_was_under_not_recorded() -> None:
+    """Turns stored before migration 0015 have no model: their spend is not given to one."""
+    now = utc_now()
+    spent = {"model_calls": 1, "prompt_tokens": 10, "output_tokens": 2, "model_seconds": 0.5}
+    turn = {"conversation_id": 1, "provenance": "person", "status": "done", "started_at": now}
+    old, new = Turn(**turn, **spent), Turn(**turn, **spent, model="test-model")
+    run = SubagentRun(
+        conversation_id=1,
+        key="a1",
+        name="find-apples",
+        profile="researcher",
+        model="test-model",
+        task="find apples",
+        status="done",
+        started_at=now,
+        **spent,
+    )
+
+    usage = describe_usage([old, new], runs=[run]).splitlines()
+
+    assert usage[usage.index("By model:") + 1 :] == [
+        "  (not recorded): 1 model call, 10 tokens in, 2 out, 0.5 s",
+        "  test-model: 2 model calls, 20 tokens in, 4 out, 1.0 s",
+    ]
+    ran = "  a1 find-apples: test-model (its profile's), 1 model call, 10 tokens in, 2 out, 0.5 s"
+    assert ran in usage
