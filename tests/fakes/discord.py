@@ -233,6 +233,7 @@ def _bucket_of(route: str, params: _Json) -> _Bucket | None:
 
 
 def _bucket_headers(limit: int, remaining: int, reset_after: float, name: str) -> dict[str, str]:
+    reset_after = _millis_up(reset_after)
     return {
         "X-RateLimit-Limit": str(limit),
         "X-RateLimit-Remaining": str(remaining),
@@ -240,6 +241,12 @@ def _bucket_headers(limit: int, remaining: int, reset_after: float, name: str) -
         "X-RateLimit-Reset-After": f"{reset_after:.3f}",
         "X-RateLimit-Bucket": name,
     }
+
+
+def _millis_up(seconds: float) -> float:
+    """A wait to the millisecond, as Discord states one, rounded up: a client that waits it out
+    is never a moment early."""
+    return math.ceil(round(seconds * 1000, 6)) / 1000
 
 
 def _too_many(wait: float, scope: str, via: bool, bucket: dict[str, str]) -> web.Response:
@@ -917,7 +924,7 @@ class FakeDiscord:
         return windows if bucket is None else [*windows, bucket.window]
 
     def _refused(self, refusal: Refusal, bucket: _Bucket | None) -> web.Response:
-        wait = round(refusal.retry_after, 3)
+        wait = _millis_up(refusal.retry_after)
         if refusal.window.key == GLOBAL_WINDOW.key or bucket is None:
             return _too_many(wait, "global", True, {})
         return _too_many(

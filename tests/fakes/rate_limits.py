@@ -51,7 +51,8 @@ class Refusal:
 
 
 class Clock:
-    """The monotonic clock, unless a test stopped it (`stop`) or moved it ahead (`advance`)."""
+    """The monotonic clock, unless a test stopped it (`stop`, until `resume`) or moved it ahead
+    (`advance`)."""
 
     def __init__(self) -> None:
         self._ahead = 0.0
@@ -65,6 +66,12 @@ class Clock:
     def stop(self) -> None:
         """From now on the clock moves only by `advance`."""
         self._stopped_at = self()
+
+    def resume(self) -> None:
+        """Run on, at the monotonic clock's pace, from where it stands."""
+        if self._stopped_at is not None:
+            self._ahead = self._stopped_at - time.monotonic()
+            self._stopped_at = None
 
     def advance(self, seconds: float) -> None:
         if self._stopped_at is not None:
