@@ -820,6 +820,7 @@ class FakeDiscord:
 
     async def _api(self, request: web.Request) -> web.StreamResponse:
         path = "/" + request.match_info["path"]
+        arrived = self.rate_limits.clock()
         body = await self._read_body(request)
         header = request.headers.get("Authorization", "")
         token = header[4:] if header.startswith("Bot ") else header or None
@@ -838,7 +839,7 @@ class FakeDiscord:
                 return self._failure_response(failure)
             route, handler, params = self._route(request.method, path)
             bucket = _bucket_of(route, params)
-            refusal = self.rate_limits.admit(route, self._windows(bucket, webhook))
+            refusal = self.rate_limits.admit(route, self._windows(bucket, webhook), arrived)
             if refusal is not None:
                 status = 429
                 return self._refused(refusal, bucket)

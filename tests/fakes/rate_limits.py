@@ -134,12 +134,13 @@ class Limiter:
         """When each call that counted against a window came in (`clock`), in order."""
         self._counts: dict[str, _Sliding | _Fixed] = {}
 
-    def admit(self, what: str, windows: Sequence[Window]) -> Refusal | None:
-        """None, the call counted in each of `windows`, if all have room; else its refusal: the
+    def admit(self, what: str, windows: Sequence[Window], arrived: float) -> Refusal | None:
+        """None, the call counted in each of `windows`, if all have room when it `arrived`
+        (`clock`, as its request came in, before its body was read); else its refusal: the
         first full window (in the order given) and the wait until every one has room."""
         if not self.enabled or not windows:
             return None
-        now = self.clock()
+        now = arrived
         counts = [self._count(window) for window in windows]
         full = [count for count in counts if count.remaining(now) <= 0]
         if full:

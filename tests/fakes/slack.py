@@ -921,6 +921,7 @@ class FakeSlack:
 
     async def _api(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
+        arrived = self.rate_limits.clock()
         params: dict[str, Any] = {}
         token: str | None = None
         try:
@@ -944,7 +945,7 @@ class FakeSlack:
                 raise _ApiError("unknown_method")
             kind, handler = self._methods[method]
             self._check_token(token, kind)
-            refusal = self.rate_limits.admit(method, limit_windows(method, params))
+            refusal = self.rate_limits.admit(method, limit_windows(method, params), arrived)
             if refusal is not None:
                 raise _ApiError("ratelimited", 429, whole_seconds(refusal.retry_after))
             async with self.holds.answering(request, method, params):

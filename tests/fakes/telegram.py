@@ -904,6 +904,7 @@ class FakeTelegram:
 
     async def _api(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
+        arrived = self.rate_limits.clock()
         params: dict[str, Any] = {}
         try:
             params = await _read_params(request)
@@ -913,7 +914,7 @@ class FakeTelegram:
             if failures:
                 failure = failures.popleft()
                 raise _ApiError(failure.status, failure.description, failure.retry_after)
-            refusal = self.rate_limits.admit(method, limit_windows(method, params))
+            refusal = self.rate_limits.admit(method, limit_windows(method, params), arrived)
             if refusal is not None:
                 wait = whole_seconds(refusal.retry_after)
                 raise _ApiError(429, f"Too Many Requests: retry after {wait}", wait)
