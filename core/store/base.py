@@ -41,6 +41,9 @@ class StoreBase:
         self._shown = engine.url.render_as_string(hide_password=True)
         self._threads = threads
         self._dialect = engine.dialect.name
+        self._single_statements = self._dialect == "postgresql"
+        """The units of `core.store.units` that are one statement on PostgreSQL are several
+        elsewhere: pass this as `_call`'s `autocommit` for them."""
         self.settings = settings
 
     @classmethod
