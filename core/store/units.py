@@ -38,6 +38,7 @@ from sqlalchemy import (
     insert,
     literal,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -191,10 +192,10 @@ def _finding(model: type[Row], row_id: int) -> Unit[Row | None]:
 class _Write:
     """One write of a unit: a statement built once, its parameters named after the table it
     writes (`_named`), so that writes combined into one statement (`_writing`) never share a
-    parameter's name."""
+    parameter's name; or a list of them, for a statement run once per row (not on PostgreSQL)."""
 
     statement: Executable
-    parameters: dict[str, Any]
+    parameters: dict[str, Any] | list[dict[str, Any]]
 
 
 def _writing(writes: Sequence[_Write]) -> Unit[None]:
@@ -203,18 +204,25 @@ def _writing(writes: Sequence[_Write]) -> Unit[None]:
     last (`_combined_statement`; PostgreSQL runs each exactly once), so the unit needs no
     transaction there; elsewhere they run one after another in the unit's transaction."""
     statements = tuple(write.statement for write in writes)
-    parameters = {name: value for write in writes for name, value in write.parameters.items()}
-    if len(parameters) != sum(len(write.parameters) for write in writes):
-        raise ValueError("writes combined into one statement must each write a table of its own")
 
     def run(connection: Connection) -> None:
-        if connection.dialect.name == "postgresql" and statements:
-            connection.execute(_combined_statement(statements), parameters)
+        if connection.dialect.name == "postgresql" and writes:
+            connection.execute(_combined_statement(statements), _merged(writes))
             return
         for write in writes:
             connection.execute(write.statement, write.parameters)
 
     return run
+
+
+def _merged(writes: Sequence[_Write]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for write in writes:
+        assert isinstance(write.parameters, dict), "PostgreSQL's writes name their parameters"
+        if merged.keys() & write.parameters.keys():
+            raise ValueError("writes combined into one statement must write tables of their own")
+        merged |= write.parameters
+    return merged
 
 
 def _update_write(model: type[SQLModel], row_id: int, values: dict[str, Any]) -> _Write:
@@ -239,10 +247,14 @@ def _upsert_write(
     unique: tuple[str, ...],
     changing: tuple[str, ...],
 ) -> _Write:
-    """Insert `rows` (fitted, with the same columns), or where a row with the same `unique`
-    columns exists, set its `changing` columns to the new row's: one statement however many."""
+    """Insert `rows` (fitted, each with the same columns), or where a row with the same `unique`
+    columns exists, set its `changing` columns to the new row's: one statement however many.
+    On PostgreSQL the rows are a SELECT of parameters (`_upsert_statement`), so the write can
+    join others in one statement; elsewhere the statement runs once per row (`executemany`)."""
+    if dialect != "postgresql":
+        return _Write(_upsert_each_statement(dialect, model, unique, changing), list(rows))
     name = _table(model).name
-    statement = _upsert_statement(dialect, model, tuple(rows[0]), len(rows), unique, changing)
+    statement = _upsert_statement(model, tuple(rows[0]), len(rows), unique, changing)
     parameters = {}
     for index, row in enumerate(rows):
         parameters |= _named(f"{name}{index}", row)
@@ -442,6 +454,8 @@ def _inserting_statement(
 def _combined_statement(statements: tuple[Any, ...]) -> Executable:
     """`statements` as one, on PostgreSQL: every one but the last a CTE of the last."""
     *before, last = statements
+    if not before:
+        return last
     return last.add_cte(*(each.cte(f"write_{index}") for index, each in enumerate(before)))
 
 
@@ -457,16 +471,32 @@ def _update_statement(model: type[SQLModel], columns: tuple[str, ...]) -> Execut
 
 @lru_cache(maxsize=64)
 def _upsert_statement(
-    dialect: str,
     model: type[SQLModel],
     columns: tuple[str, ...],
     count: int,
     unique: tuple[str, ...],
     changing: tuple[str, ...],
 ) -> Executable:
+    """`_upsert_write` on PostgreSQL: `count` rows, each a SELECT of parameters (SQLAlchemy
+    caches no INSERT of several VALUES rows, and compiling one costs a millisecond)."""
     table = _table(model)
-    rows = [_inserted(table, f"{table.name}{index}", columns) for index in range(count)]
-    statement = _dialect_insert(dialect)(table).values(rows)
+    rows = [_selected(table, f"{table.name}{index}", columns, ()) for index in range(count)]
+    selects = [select(*row.values()) for row in rows]
+    statement = postgresql.insert(table).from_select(
+        list(rows[0]), selects[0] if count == 1 else union_all(*selects)
+    )
+    return _on_conflict_set(statement, unique, changing)
+
+
+@cache
+def _upsert_each_statement(
+    dialect: str, model: type[SQLModel], unique: tuple[str, ...], changing: tuple[str, ...]
+) -> Executable:
+    """`_upsert_write` as one row's statement, run for each (`executemany`)."""
+    return _on_conflict_set(_dialect_insert(dialect)(_table(model)), unique, changing)
+
+
+def _on_conflict_set(statement: Any, unique: tuple[str, ...], changing: tuple[str, ...]) -> Any:
     return statement.on_conflict_do_update(
         index_elements=list(unique),
         set_={name: statement.excluded[name] for name in changing},
