@@ -13,14 +13,23 @@ again (`core.store.dbthread`), so each shape stays true under that replay. An up
 writes values made before it was queued; an insert carries a token made then too (`_new_token`)
 and finds its own row by it (`_inserting`); a count keeps the most any run counted (`_counting`).
 
+On PostgreSQL the shapes a turn's path is made of are one statement each, so their units need no
+transaction, and the database thread runs them without BEGIN and COMMIT: one round trip each,
+which is what a database a network hop away costs. A row inserted with the row it belongs to and
+the rows written with it (`_inserting`: a turn, its new conversation, the person's message) is
+one statement of data-modifying CTEs, and so are writes that need none of each other's results
+(`_writing`: a turn's messages, a compaction, its state). SQLite has no data-modifying CTEs:
+there the same shapes run statement by statement, in the unit's transaction.
+
 No input can fail a record: every text written is cleaned first (`core.text.clean`: characters
 that cannot be encoded become U+FFFD; NUL, which PostgreSQL refuses in text, is dropped) and cut
 to its column's length (`_fit`).
 
 Statements are SQLAlchemy Core built once (each `@cache`d per model and backend, here and in the
-kinds' modules: SQLAlchemy then skips rebuilding them), and rows come back as SQLModel objects
-built with `model_construct` (the rows come from our own schema; validating them again costs
-37 µs a row).
+kinds' modules: SQLAlchemy then skips rebuilding them and caches their compiled form, which it
+does for none of several VALUES rows, hence `_upsert_statement`'s SELECTs), and rows come back
+as SQLModel objects built with `model_construct` (the rows come from our own schema; validating
+them again costs 37 µs a row).
 """
 
 import uuid
