@@ -8,10 +8,11 @@ keyed by it: its `seq` is its place in the turn.
 A turn's common path is a handful of units: the message recorded (`claim_inbound`), the
 conversation read (`conversation_of`), the turn started (`start_turn`: the conversation if it is
 new, the turn and the person's message), the reply's records and the turn's ending
-(`record_turn`), what the platform shows (`mark_delivered`). On PostgreSQL each of them is one
-statement (data-modifying CTEs: `core.store.units`), run without BEGIN and COMMIT, so a database a
-network hop away costs the turn one round trip per unit. Under load, calls of many conversations
-share one transaction instead (group commit, in `core.store.dbthread`).
+(`record_turn`), what the platform shows (`mark_delivered`). On PostgreSQL each write among them
+is one statement (data-modifying CTEs: `core.store.units`) run without BEGIN and COMMIT, and so
+is the read of a place with no conversation yet, so a database a network hop away costs the turn
+a round trip per unit. Under load, calls of many conversations share one transaction instead
+(group commit, in `core.store.dbthread`).
 
 A unit whose COMMIT answer is lost with the connection is run again. Each write is written to
 stay true under that replay: messages are upserted by (turn, seq); a turn's update writes its
