@@ -14,14 +14,14 @@ Per side, then:
 1. **Alone**: `--alone` messages one at a time, each in a chat of its own; the time from the
    update queued on the fake to the reply's first text shown (its `sendMessage`), median.
 2. **Burst**: N updates queued at once, in N chats. Per chat, from the fake's records (its clock,
-   `time.time()`): first text shown (the reply's `sendMessage`), and complete (the final text
-   shown without its Stop button, as soon as the stream ends on both sides; a Kaiwa reply
-   complete within `post_grace` is that one message). Printed: the first reply's first text, p50 and p99 of
-   first texts, wall (the last complete), the side's CPU per message (user + system time of its
-   process over the burst, from /proc, divided by N: work done per unit of time while it waits
-   counts too), its peak RSS (VmHWM), the platform calls per message by method, and Kaiwa's
-   store statements and COMMITs per message (counted by `benchmarks/counting/sitecustomize.py`,
-   loaded into the kaiwa process through PYTHONPATH: nothing of Kaiwa is patched).
+   `time.time()`): first text shown (the reply's `sendMessage`), and complete (the final text shown
+   without its Stop button, as soon as the stream ends on both sides; a Kaiwa reply complete within
+   `post_grace` is that one message). Printed: the first reply's first text, p50 and p99 of first
+   texts, wall (the last complete), the side's CPU per message (user + system time of its process
+   over the burst, from /proc, divided by N: work done per unit of time while it waits counts too),
+   its peak RSS (VmHWM), the platform calls per message by method, and Kaiwa's store statements and
+   COMMITs per message (counted by `benchmarks/counting/sitecustomize.py`, loaded into the kaiwa
+   process through PYTHONPATH: nothing of Kaiwa is patched).
 
 `--busy K` runs K busy loops (their own processes) beside both sides during the alone and burst
 parts, as a shared server would. `--py-spy PATH` records the kaiwa process during each burst with
