@@ -14,14 +14,14 @@ Per side, then:
 1. **Alone**: `--alone` messages one at a time, each in a chat of its own; the time from the
    update queued on the fake to the reply's first text shown (its `sendMessage`), median.
 2. **Burst**: N updates queued at once, in N chats. Per chat, from the fake's records (its clock,
-   `time.time()`): first text shown (the reply's `sendMessage`), and complete (the final text
-   shown without its Stop button: Telegram replies keep `edit_interval`, 1 s, between their post
-   and their last edit, on both sides). Printed: the first reply's first text, p50 and p99 of
-   first texts, wall (the last complete), the side's CPU per message (user + system time of its
-   process over the burst, from /proc, divided by N: work done per unit of time while it waits
-   counts too), its peak RSS (VmHWM), the platform calls per message by method, and Kaiwa's
-   store statements and COMMITs per message (counted by `benchmarks/counting/sitecustomize.py`,
-   loaded into the kaiwa process through PYTHONPATH: nothing of Kaiwa is patched).
+   `time.time()`): first text shown (the reply's `sendMessage`), and complete (the final text shown
+   without its Stop button, as soon as the stream ends on both sides; a Kaiwa reply complete within
+   `post_grace` is that one message). Printed: the first reply's first text, p50 and p99 of first
+   texts, wall (the last complete), the side's CPU per message (user + system time of its process
+   over the burst, from /proc, divided by N: work done per unit of time while it waits counts too),
+   its peak RSS (VmHWM), the platform calls per message by method, and Kaiwa's store statements and
+   COMMITs per message (counted by `benchmarks/counting/sitecustomize.py`, loaded into the kaiwa
+   process through PYTHONPATH: nothing of Kaiwa is patched).
 
 `--busy K` runs K busy loops (their own processes) beside both sides during the alone and burst
 parts, as a shared server would. `--py-spy PATH` records the kaiwa process during each burst with
@@ -29,13 +29,21 @@ that py-spy binary (every thread; py-spy is no dependency of Kaiwa's: install it
 prints where its samples went: by module, and the functions with the most samples of their own.
 `--db postgres [--db-rtt-ms 1]` as in the other benchmarks. `--kaiwa-from DIR` runs the kaiwa
 side from another checkout (same virtualenv), so two commits meet the same bare bot and fakes.
+
+`--limits` turns on the fake's Bot API limits (`tests.fakes.telegram`: 30 calls in any second
+for the bot, 3 in any 3 seconds per chat, answered past them with Telegram's 429 and its
+`retry_after`), and runs the kaiwa side alone: the bare bot waits out no 429, so under the limits
+most of its replies would be lost. Then also printed, per repeat, over the burst's calls that
+count against the limits (refused ones too, as they came in, on the fake's clock): the share
+answered 429, the most in any one second (bot-wide), calls per message, wall against the floor
+the bot's limit sets (2 calls a message, 30 a second: N × 2 / 30 s) as a ratio, and complete p50.
 Targets (SQLite, information only): CPU per message ≤ the bare bot's; first reply ≤ 0.5 s; wall ≤
 1.1× the bare bot's; peak RSS ≤ 110 MiB; alone ≤ 15 ms. With `--busy`, compare each side with its
 own quiet run: first reply and wall should grow no more for Kaiwa than for the bare bot.
 
 Run from the repository root:
     .venv/bin/python benchmarks/platform_burst.py [--chats 300] [--repeats 2] [--alone 10]
-                                                  [--busy 0] [--db sqlite|postgres]
+                                                  [--busy 0] [--db sqlite|postgres] [--limits]
 """
 
 import sys
@@ -66,6 +74,7 @@ EDIT_INTERVAL = 1.0
 READY_SECONDS = 60.0
 SIDES = ("kaiwa", "bare")
 SHOWN = ("sendmessage", "editmessagetext")
+FLOOR_CALLS, BOT_CALLS_A_SECOND = 2, 30  # a reply's post and final edit; Telegram's bot limit
 COUNTING = bench.ROOT / "benchmarks" / "counting"
 _CHATS = itertools.count(700_001)  # every message gets a chat of its own
 
@@ -82,6 +91,9 @@ class Burst:
     calls: Counter[str] = field(default_factory=Counter)
     store: dict[str, int] = field(default_factory=dict)
     incomplete: int = 0
+    limited: list[float] = field(default_factory=list)
+    """When each call counting against the fake's limits came in during the burst (--limits)."""
+    refused: int = 0
 
 
 # -- a bot process ----------------------------------------------------------------------------
@@ -200,6 +212,24 @@ def calls_per_method(telegram: FakeTelegram, chats: list[int]) -> Counter[str]:
     )
 
 
+def limited_calls(telegram: FakeTelegram, since: float) -> tuple[list[float], int]:
+    """The arrival times of the calls counted against the limits since `since` (those refused
+    too), and how many were refused."""
+    limits = telegram.rate_limits
+    refused = [refusal.at for refusal in limits.refused if refusal.at >= since]
+    return sorted([at for at in limits.admitted if at >= since] + refused), len(refused)
+
+
+def most_in_a_second(times: list[float]) -> int:
+    """The most of `times` (sorted) in any one second."""
+    first, most = 0, 0
+    for last, at in enumerate(times):
+        while times[first] <= at - 1.0:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
 # -- one side, one repeat -------------------------------------------------------------------------
 
 
@@ -243,6 +273,7 @@ async def burst(
     recording = side == "kaiwa" and args.py_spy
     with py_spy(args.py_spy if recording else None, process.pid, folder / "samples.txt"):
         cpu = cpu_seconds(process.pid)
+        limits_from = telegram.rate_limits.clock()
         queued = time.time()
         for chat in chats:
             telegram.user_message(chat, "Hello there")
@@ -262,6 +293,7 @@ async def burst(
     ends = [complete_at(telegram, chat) for chat in chats]
     figures.complete = [at - queued for at in ends if at is not None]
     figures.calls = calls_per_method(telegram, chats)
+    figures.limited, figures.refused = limited_calls(telegram, limits_from)
 
 
 @contextmanager
@@ -336,7 +368,7 @@ def busy_loops(count: int) -> Iterator[None]:
 def report(results: dict[str, list[Burst]], args: argparse.Namespace) -> None:
     n = args.chats
     rows, summary = [], {}
-    for side in SIDES:
+    for side in results:
         runs = results[side]
         firsts = [min(run.first_texts, default=float("nan")) for run in runs]
         walls = [max(run.complete, default=float("nan")) for run in runs]
@@ -390,6 +422,9 @@ def report(results: dict[str, list[Burst]], args: argparse.Namespace) -> None:
         ],
         rows,
     )
+    if args.limits:
+        report_limits(results, n)
+        return
     kaiwa, bare = summary["kaiwa"], summary["bare"]
     bench.print_table(
         "Kaiwa against the bare bot (medians of the repeats; information only)",
@@ -425,6 +460,29 @@ def report(results: dict[str, list[Burst]], args: argparse.Namespace) -> None:
     )
 
 
+def report_limits(results: dict[str, list[Burst]], n: int) -> None:
+    floor = n * FLOOR_CALLS / BOT_CALLS_A_SECOND
+    rows = []
+    for side, runs in results.items():
+        walls = [max(run.complete, default=float("nan")) for run in runs]
+        rows.append(
+            [
+                side,
+                " / ".join(f"{100 * run.refused / max(1, len(run.limited)):.2f} %" for run in runs),
+                " / ".join(str(most_in_a_second(run.limited)) for run in runs),
+                " / ".join(f"{len(run.limited) / n:.2f}" for run in runs),
+                " / ".join(f"{wall / floor:.2f}x" for wall in walls),
+                " / ".join(f"{bench.percentile(run.complete, 50):.2f} s" for run in runs),
+            ]
+        )
+    bench.print_table(
+        f"Against the fake's Bot API limits (floor {floor:.1f} s: {FLOOR_CALLS} calls a message, "
+        f"{BOT_CALLS_A_SECOND} a second; listed per repeat)",
+        ["side", "answered 429", "most in 1 s", "calls / message", "wall / floor", "complete p50"],
+        rows,
+    )
+
+
 def figure_row(
     name: str, kaiwa: float, bare: float, target: str, ratio: float, *, ms: bool = False
 ) -> list[str]:
@@ -440,15 +498,17 @@ def figure_row(
 
 
 async def main(args: argparse.Namespace) -> None:
-    results: dict[str, list[Burst]] = {side: [] for side in SIDES}
+    sides = ("kaiwa",) if args.limits else SIDES  # the bare bot waits out no 429
+    results: dict[str, list[Burst]] = {side: [] for side in sides}
+    limits = ", the fake keeping the Bot API's limits" if args.limits else ""
     print(
         f"platform burst: {args.chats} Telegram chats at once, {args.repeats} repeat(s) per "
-        f"side, alternating; stream of {args.chunks} chunks {args.delay_ms:g} ms apart"
+        f"side, alternating; stream of {args.chunks} chunks {args.delay_ms:g} ms apart{limits}"
     )
     with bench.fake_ollama(args.chunks, args.delay_ms) as ollama_url:
-        async with FakeTelegram() as telegram:
+        async with FakeTelegram(limits=args.limits) as telegram:
             for repeat in range(args.repeats):
-                order = SIDES if repeat % 2 == 0 else tuple(reversed(SIDES))
+                order = sides if repeat % 2 == 0 else tuple(reversed(sides))
                 for side in order:
                     results[side].append(await measure(side, telegram, ollama_url, args))
     report(results, args)
@@ -467,6 +527,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--delay-ms", type=float, default=DELAY_MS)
     parser.add_argument("--limit", type=float, default=180.0, help="seconds a burst may take")
     parser.add_argument("--py-spy", default=None, help="a py-spy binary: record kaiwa's bursts")
+    parser.add_argument(
+        "--limits", action="store_true", help="the fake keeps the Bot API's limits (kaiwa alone)"
+    )
     parser.add_argument(
         "--kaiwa-from",
         type=Path,

@@ -12,13 +12,18 @@ in one `Budget`, and a reply asks its place's `Pace` before every call:
   leaves a third of each window free, a status line half, "typing…" two thirds (and each at
   least one call), so the answer that comes next finds room at once; nothing is taken while an
   answer waits. A frame not shown is not queued: the next one shows the newest state.
+- **A live reply keeps room for its final text** (`Pace.reserve`) in the bot's shared windows:
+  calls that do not wait leave that room too, so partial edits across the bot never spend the
+  edits the replies still streaming need to end.
 - **A 429 that comes anyway** (another process of the same bot, a limit nobody documented) holds
   the windows of that place until its wait is over; the reply waits it out as before.
 
 A window counts calls in the last T seconds, the strictest shape a limit can have: calls that fit
 it also fit a token bucket of N calls a T-second refill and a fixed window of N per T, whichever
-the platform really runs. Kaiwa measures them at its own clock a little wider than the platform
-states (`MARGIN`), so calls that travel at different speeds do not land closer than allowed. One
+the platform really runs. A call counts from the moment it is granted until its answer is back,
+then from that moment (`Slot.landed`): the platform counted it somewhere between, and the calls
+granted a window later cannot reach it inside that window, however slowly the first travelled.
+Windows are also kept a little wider than the platform states (`MARGIN`). One
 budget is one process: the workers of a cluster each keep their own (a 429 is still waited out).
 
 Invariants, each with the bug it prevents and its test (tests/channels/test_budget.py):
@@ -29,10 +34,19 @@ Invariants, each with the bug it prevents and its test (tests/channels/test_budg
   `test_first_words_stand_aside_when_the_final_text_comes`).
 - A full window holds only the calls that count against it: one busy chat never delays another
   (`test_one_full_place_does_not_hold_the_others`).
+- A call counts from its answer once it has one, or calls granted together but slow to arrive
+  land inside the next window, and Telegram answers 429
+  (`test_a_call_counts_from_its_answer_once_it_lands`).
+- What a live reply reserves is left by every call that does not wait, or partial edits spend a
+  shared window's last calls and the final texts wait a minute on Slack
+  (`test_a_live_replys_final_text_keeps_its_room_in_the_shared_window`); a place's own window
+  is its reply's alone and ignores reservations
+  (`test_a_reservation_leaves_a_places_own_window_alone`).
 """
 
 import asyncio
 import bisect
+import contextlib
 import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -95,7 +109,10 @@ class _Count:
 
     limit: Limit
     times: deque[float] = field(default_factory=deque)
+    """When each call of the window counts from, oldest first."""
     held_until: float = 0.0
+    reserved: int = 0
+    """Final texts owed by live replies (`Pace.reserve`): what calls that do not wait leave."""
 
     def free(self, now: float) -> int:
         if now < self.held_until:
@@ -114,7 +131,45 @@ class _Count:
         return self.times[len(self.times) - self.limit.calls] + self.limit.seconds * MARGIN
 
     def idle(self, now: float) -> bool:
-        return self.free(now) == self.limit.calls
+        return self.free(now) == self.limit.calls and not self.reserved
+
+    def landed(self, granted_at: float, now: float) -> None:
+        """A call granted at `granted_at` has its answer: it counts from now on."""
+        with contextlib.suppress(ValueError):  # already out of the window
+            self.times.remove(granted_at)
+        bisect.insort(self.times, now)
+
+    def kept_free(self, share: float) -> int:
+        """What a call that does not wait must leave: its share, and the final texts owed."""
+        return _left_free(share, self.limit) + self.reserved
+
+
+@dataclass(eq=False)
+class Slot:
+    """Room one call was given. It counts from the moment it was granted until its answer is
+    back (`landed`), then from then on: the platform counted it somewhere between, and a call
+    that travelled slowly must not let the next window's calls land too close behind it."""
+
+    _granted: tuple[tuple[_Count, float], ...]
+
+    def landed(self) -> None:
+        now = _now() if self._granted else 0.0
+        for count, granted_at in self._granted:
+            count.landed(granted_at, now)
+        self._granted = ()
+
+
+@dataclass(eq=False)
+class Reservation:
+    """A live reply's claim on room for its final text in the bot's shared windows, so edits
+    of partial text elsewhere never spend it (`Pace.reserve`)."""
+
+    _counts: tuple[_Count, ...]
+
+    def release(self) -> None:
+        for count in self._counts:
+            count.reserved -= 1
+        self._counts = ()
 
 
 @dataclass(eq=False)
@@ -122,7 +177,7 @@ class _Waiter:
     urgency: Urgency
     order: int
     counts: tuple[_Count, ...]
-    granted: asyncio.Future[None]
+    granted: asyncio.Future[Slot]
 
 
 class Budget:
@@ -148,15 +203,20 @@ class Budget:
             return False  # an answer is waiting for this room
         now = _now()
         share = LEFT_FREE[urgency]
-        return all(count.free(now) - 1 >= _left_free(share, count.limit) for count in counts)
+        return all(count.free(now) - 1 >= count.kept_free(share) for count in counts)
 
-    def take(self, limits: Sequence[Limit], urgency: Urgency) -> bool:
+    def take(self, limits: Sequence[Limit], urgency: Urgency) -> Slot | None:
         if self.has_room(limits, urgency):
-            _spend(self._counts_of(limits), _now())
-            return True
-        return False
+            return _spend(self._counts_of(limits), _now())
+        return None
 
-    def ask(self, limits: Sequence[Limit], urgency: Urgency) -> asyncio.Future[None]:
+    def reserve(self, limits: Sequence[Limit]) -> Reservation:
+        counts = tuple(count for count in self._counts_of(limits) if count.limit.shared)
+        for count in counts:
+            count.reserved += 1
+        return Reservation(counts)
+
+    def ask(self, limits: Sequence[Limit], urgency: Urgency) -> asyncio.Future[Slot]:
         """A future resolved when the call may go (at once, if it may now); cancel it to stand
         aside."""
         granted = asyncio.get_running_loop().create_future()
@@ -191,8 +251,7 @@ class Budget:
             if any(id(count) in full for count in waiter.counts):
                 continue
             if all(count.free(now) > 0 for count in waiter.counts):
-                _spend(waiter.counts, now)
-                waiter.granted.set_result(None)  # its callback takes it off the list
+                waiter.granted.set_result(_spend(waiter.counts, now))  # its callback unlists it
             else:
                 full.update(id(count) for count in waiter.counts if count.free(now) <= 0)
         self._wake_when_room(now)
@@ -229,26 +288,32 @@ class Pace:
         self._budget = budget
         self._limits = limits
 
-    def take(self, action: Action, urgency: Urgency) -> bool:
+    def take(self, action: Action, urgency: Urgency) -> Slot | None:
         """Room for a call that does not wait (`Urgency.PARTIAL` and below), taken if left."""
-        return self._budget is None or self._budget.take(self._limits(action), urgency)
+        return FREE if self._budget is None else self._budget.take(self._limits(action), urgency)
 
     def has_room(self, action: Action, urgency: Urgency) -> bool:
         """Whether `take` would find room now; nothing is taken."""
         return self._budget is None or self._budget.has_room(self._limits(action), urgency)
 
+    def reserve(self, action: Action) -> Reservation:
+        """Room kept in the bot's shared windows for a live reply's final text, until
+        released: calls that do not wait leave it to that text."""
+        if self._budget is None:
+            return NOTHING_RESERVED
+        return self._budget.reserve(self._limits(action))
+
     async def wait(
         self, action: Action, urgency: Urgency, *, unless: asyncio.Event | None = None
-    ) -> bool:
-        """Wait for room for a call; False, with nothing spent, if `unless` is set first."""
+    ) -> Slot | None:
+        """Wait for room for a call; None, with nothing spent, if `unless` is set first."""
         if self._budget is None:
-            return True
+            return FREE
         granted = self._budget.ask(self._limits(action), urgency)
         if granted.done():
-            return True
+            return granted.result()
         if unless is None:
-            await granted
-            return True
+            return await granted
         ending = asyncio.ensure_future(unless.wait())
         try:
             await asyncio.wait((granted, ending), return_when=asyncio.FIRST_COMPLETED)
@@ -256,7 +321,7 @@ class Pace:
             ending.cancel()
             if not granted.done():
                 granted.cancel()
-        return not granted.cancelled()
+        return None if granted.cancelled() else granted.result()
 
     def hold(self, action: Action, seconds: float) -> None:
         """A 429 asked this place to wait `seconds`."""
@@ -264,6 +329,9 @@ class Pace:
             self._budget.hold(self._limits(action), seconds)
 
 
+FREE = Slot(())
+"""The room of a call no limit counts (an unpaced bot's)."""
+NOTHING_RESERVED = Reservation(())
 UNLIMITED = Pace(None, lambda action: ())
 """A place with no limits to keep (the web chat, a test's board)."""
 
@@ -272,9 +340,10 @@ def _left_free(share: float, limit: Limit) -> int:
     return max(1, int(share * limit.calls))
 
 
-def _spend(counts: Sequence[_Count], now: float) -> None:
+def _spend(counts: Sequence[_Count], now: float) -> Slot:
     for count in counts:
         count.times.append(now)
+    return Slot(tuple((count, now) for count in counts))
 
 
 def _now() -> float:

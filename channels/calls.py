@@ -92,9 +92,12 @@ async def keep_trying(
 async def paced(pace: Pace, action: Action) -> AsyncIterator[None]:
     """A call that shows a final text (a notice, a command's answer): it waits for room in the
     place's budget, and a 429 holds the place for as long as the platform asked."""
-    await pace.wait(action, Urgency.FINAL)
+    slot = await pace.wait(action, Urgency.FINAL)
     try:
         yield
     except RateLimited as limited:
         pace.hold(action, limited.retry_after)
         raise
+    finally:
+        if slot is not None:
+            slot.landed()

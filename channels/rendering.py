@@ -16,11 +16,13 @@ platform's own markup, with the platform's errors mapped to `RateLimited` and `P
   every reply of the bot): the final text and the first words wait for room, most urgent first;
   edits of partial text, status lines and "typing…" go only if room is left, and are skipped
   otherwise. A first post goes only while the edit that would end it finds room too (a third of
-  its windows left): in a burst that has spent the edits, a reply is posted whole when it ends,
-  one call instead of a post and an edit that waits (test_rendering.py,
-  `test_a_reply_whose_final_edit_would_wait_is_posted_whole`). A frame held back (by the
-  interval, a rate limit or the budget) is not queued: the
-  next change shows the newest state, and when no frame comes (a model that stalls after its
+  its windows left), and that edit's room is then reserved in the bot's shared windows until the
+  reply ends (`_ReplyPace.final_room_kept`, claimed before the post is awaited, so replies
+  posting at once count each other's): in a burst that has spent the edits, a reply is posted
+  whole when it ends, one call instead of a post and an edit that waits (test_rendering.py,
+  `test_a_reply_whose_final_edit_would_wait_is_posted_whole`; test_limits.py per platform).
+  A frame held back (by the interval, a rate limit or the budget) is not queued: the next
+  change shows the newest state, and when no frame comes (a model that stalls after its
   first words), the reply shows it itself as soon as a change is allowed again.
 - Past the platform's length limit the text continues in follow-up messages (`split_message`:
   paragraph or line boundaries, code fences closed and reopened). Pieces are recomputed from the
@@ -69,7 +71,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from channels.budget import Action, Pace, Urgency
+from channels.budget import FREE, NOTHING_RESERVED, Action, Pace, Slot, Urgency
 from channels.calls import LostMessage, PlatformError, RateLimited, keep_trying, paced
 from channels.formatting import split_message
 from channels.marks import final_text
@@ -164,6 +166,73 @@ class _Shown:
         return cls(message_id, "", (STOP,))
 
 
+class _ReplyPace:
+    """When one reply may call its platform: its place's budget (`channels.budget.Pace`), the
+    platform's own 429s, the interval between two live changes, and the room the reply keeps in
+    the bot's shared windows for its final text once it is live."""
+
+    def __init__(self, pace: Pace, min_interval: float, finishing: asyncio.Event) -> None:
+        self._pace = pace
+        self._min_interval = min_interval
+        self._finishing = finishing
+        self.retry_at = 0.0
+        """No call before this (the platform's own 429)."""
+        self._next_change_at = 0.0
+        """No change of the streaming reply before this (`min_interval`)."""
+        self._reservation = NOTHING_RESERVED
+
+    def change_allowed_at(self) -> float:
+        return max(self.retry_at, self._next_change_at)
+
+    def release(self) -> None:
+        """The reply has ended: the room kept for its final text is the others' again."""
+        self._reservation.release()
+
+    def final_room_kept(self) -> bool:
+        """Whether the first words may go live: only with room for the edit that will end them,
+        which is then kept for it, before the post is awaited (replies posting at once each
+        count the others' claims)."""
+        if self._reservation is NOTHING_RESERVED:
+            if not self._pace.has_room(Action.EDIT, Urgency.PARTIAL):
+                return False
+            self._reservation = self._pace.reserve(Action.EDIT)
+        return True
+
+    async def room(self, action: Action, urgency: Urgency) -> Slot | None:
+        """Room for the call, if it may go now: the final text waits for it, the first words
+        too (unless the final text comes first), the rest only take what is left."""
+        if urgency is Urgency.FINAL:
+            return await self._pace.wait(action, urgency)
+        if urgency is Urgency.FIRST:
+            return await self._pace.wait(action, urgency, unless=self._finishing)
+        return self._pace.take(action, urgency)
+
+    @contextlib.contextmanager
+    def calling(self, action: Action, slot: Slot, live: bool = False) -> Iterator[None]:
+        """One call in its `slot`: a 429 is waited out by the place; a live change, made or
+        not, keeps the next one `min_interval` away."""
+        try:
+            yield
+        except RateLimited as limited:
+            self._limited(action, limited)
+            raise
+        finally:
+            slot.landed()
+            if live:
+                self.pause_changes()
+
+    def _limited(self, action: Action, limited: RateLimited) -> None:
+        """The platform's own 429: this reply, and every call of its place, wait it out."""
+        until = asyncio.get_running_loop().time() + limited.retry_after
+        self.retry_at = max(self.retry_at, until)
+        self._pace.hold(action, limited.retry_after)
+
+    def pause_changes(self, seconds: float = 0.0) -> None:
+        """No live change for `seconds`, nor within `min_interval`."""
+        until = asyncio.get_running_loop().time() + max(seconds, self._min_interval)
+        self._next_change_at = max(self._next_change_at, until)
+
+
 class StreamingReply:
     def __init__(
         self,
@@ -177,13 +246,10 @@ class StreamingReply:
         this reply (their text unknown: the final text replaces them); `on_post` hears `posted`
         after each new post (`core.channel.Channel.open_reply`)."""
         self._transport = transport
-        self._pace = transport.pace
         self._on_post = on_post
         self._settings = settings
         self._place = place
         self._shown: list[_Shown] = [_Shown.unknown(message_id) for message_id in posted]
-        self._retry_at = 0.0  # no call before this (the platform's own 429)
-        self._next_change_at = 0.0  # no change of a streaming reply before this (`min_interval`)
         self._refused = False
         self._lost: LostMessage | None = None
         self._newest = ""
@@ -194,6 +260,7 @@ class StreamingReply:
         self._changing = asyncio.Lock()
         """One change at a time: a frame's, the first post's, or one the reply catches up on."""
         self._finishing = asyncio.Event()
+        self._timing = _ReplyPace(transport.pace, settings.min_interval, self._finishing)
         self._posting: asyncio.Task[None] | None = None
         self._grace_over = bool(self._shown)
         self._behind = False
@@ -237,14 +304,14 @@ class StreamingReply:
             if self._lost is not None or self._finishing.is_set():
                 return True
             self._behind = True
-            if asyncio.get_running_loop().time() < max(self._retry_at, self._next_change_at):
+            if asyncio.get_running_loop().time() < self._timing.change_allowed_at():
                 return self._owe_changes()
             words = self._newest_words
             try:
                 if await self._show(self._pieces(self._newest), self._live_urgency(words)):
                     self._words_shown, self._behind = words, False
                 else:
-                    self._pause_changes(max(self._settings.min_interval, SKIPPED_PAUSE_SECONDS))
+                    self._timing.pause_changes(SKIPPED_PAUSE_SECONDS)
             except RateLimited:
                 pass  # the place waits it out (`_show`)
             except PlatformError as exc:
@@ -281,7 +348,7 @@ class StreamingReply:
         cancelling."""
         loop = asyncio.get_running_loop()
         while self._changes_owed():
-            allowed = max(self._retry_at, self._next_change_at)
+            allowed = self._timing.change_allowed_at()
             wait = allowed - loop.time() + (0.0 if self._behind else self._settings.min_interval)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, wait)):
@@ -317,6 +384,8 @@ class StreamingReply:
         except Exception:  # not the platform's answer: a bug, for the caller's log
             self.delivery = Delivery.STALE if self._shown else Delivery.NOTHING
             raise
+        finally:
+            self._timing.release()
         await asyncio.shield(self._typing)  # ends at its next turn; a request in flight goes on
 
     async def _show_finally(self, pieces: list[str]) -> None:
@@ -331,7 +400,7 @@ class StreamingReply:
         await keep_trying(
             lambda: self._show_all(pieces),
             self._settings.final_edit_seconds,
-            first_wait=self._retry_at - asyncio.get_running_loop().time(),
+            first_wait=self._timing.retry_at - asyncio.get_running_loop().time(),
             done=lambda: self._shows_finally(pieces),
         )
 
@@ -376,16 +445,6 @@ class StreamingReply:
             self._refused = True
             logger.warning("a frame of the reply in %s was not shown: %s", self._place, exc)
 
-    def _limited(self, action: Action, limited: RateLimited) -> None:
-        """The platform's own 429: this reply, and every call of its place, wait it out."""
-        until = asyncio.get_running_loop().time() + limited.retry_after
-        self._retry_at = max(self._retry_at, until)
-        self._pace.hold(action, limited.retry_after)
-
-    def _pause_changes(self, seconds: float) -> None:
-        until = asyncio.get_running_loop().time() + seconds
-        self._next_change_at = max(self._next_change_at, until)
-
     def _pieces(self, text: str) -> list[str]:
         return split_message(text, self._transport.limit, self._transport.measure)
 
@@ -393,12 +452,11 @@ class StreamingReply:
         """The final text, and no message beyond it."""
         await self._show(pieces, Urgency.FINAL)
         while len(self._shown) > len(pieces):
-            extra = self._shown[-1]
-            await self._room(Action.DELETE, Urgency.FINAL)
+            extra, slot = self._shown[-1], await self._timing.room(Action.DELETE, Urgency.FINAL)
             try:
-                await self._transport.delete(extra.message_id)
-            except RateLimited as limited:
-                self._limited(Action.DELETE, limited)
+                with self._timing.calling(Action.DELETE, slot or FREE):
+                    await self._transport.delete(extra.message_id)
+            except RateLimited:
                 raise  # tried again, after the wait
             except PlatformError as exc:
                 logger.warning(
@@ -420,45 +478,23 @@ class StreamingReply:
                 shown = self._shown[index]
                 if shown.text == piece and shown.buttons == buttons:
                     continue
-                if not await self._room(Action.EDIT, urgency):
+                if not (slot := await self._timing.room(Action.EDIT, urgency)):
                     return False
-                with self._calling(Action.EDIT, live):
+                with self._timing.calling(Action.EDIT, slot, live):
                     await self._transport.edit(shown.message_id, piece, buttons=buttons)
                 shown.text, shown.buttons = piece, buttons
             else:
-                if live and index == 0 and not self._pace.has_room(Action.EDIT, Urgency.PARTIAL):
+                if live and index == 0 and not self._timing.final_room_kept():
                     return False  # no room for the edit that would end it: posted whole later
-                if not await self._room(Action.POST, urgency):
+                if not (slot := await self._timing.room(Action.POST, urgency)):
                     return False
                 posted_with = () if self._transport.buttons_after_post else buttons
-                with self._calling(Action.POST, live):
+                with self._timing.calling(Action.POST, slot, live):
                     message_id = await self._transport.send(piece, buttons=posted_with)
                 self._shown.append(_Shown(message_id, piece, posted_with))
                 self._text_shows.set()
                 self._posts_changed()
         return True
-
-    async def _room(self, action: Action, urgency: Urgency) -> bool:
-        """Whether the call may go now: the final text waits for room, the first words too
-        (unless the final text comes first), the rest only take what is left."""
-        if urgency is Urgency.FINAL:
-            return await self._pace.wait(action, urgency)
-        if urgency is Urgency.FIRST:
-            return await self._pace.wait(action, urgency, unless=self._finishing)
-        return self._pace.take(action, urgency)
-
-    @contextlib.contextmanager
-    def _calling(self, action: Action, live: bool) -> Iterator[None]:
-        """One call: a 429 is waited out by the place; a live change, made or not, keeps the
-        next one `min_interval` away."""
-        try:
-            yield
-        except RateLimited as limited:
-            self._limited(action, limited)
-            raise
-        finally:
-            if live:
-                self._pause_changes(self._settings.min_interval)
 
     def _posts_changed(self) -> None:
         if self._on_post is not None:
@@ -496,8 +532,11 @@ async def _keep_typing(transport: Transport, shows: asyncio.Event, place: str) -
     give_up = loop.time() + TYPING_GIVE_UP_SECONDS
     while not shows.is_set() and loop.time() < give_up:
         try:
-            if transport.pace.take(Action.TYPING, Urgency.TYPING):
-                await transport.typing()
+            if slot := transport.pace.take(Action.TYPING, Urgency.TYPING):
+                try:
+                    await transport.typing()
+                finally:
+                    slot.landed()
         except Exception as exc:  # a missing indicator is not worth a failed reply
             logger.debug("typing indicator in %s failed: %s", place, exc)
         with contextlib.suppress(TimeoutError):

@@ -17,8 +17,9 @@ timed out): it may be out, so it is not sent again. python-telegram-bot itself r
 
 Telegram's limits (`TelegramChats`, one budget per bot, `channels.budget`): about 30 calls a
 second for the whole bot, about one a second in one chat with short bursts (kept as 3 in any 3
-seconds), 20 a minute in a group (3 in any 9 seconds). Every call a reply or a notice makes to a
-chat counts against both, but "typing…" only against the bot's (it shows no message).
+seconds), 20 a minute in a group (3 in any 9 seconds, and 20 in any minute). Every call a reply
+or a notice makes to a chat counts against both, but "typing…" only against the bot's (it shows
+no message).
 """
 
 import contextlib
@@ -52,18 +53,22 @@ NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 BOT_LIMIT = Limit("bot", 30, 1.0, shared=True)
 PRIVATE_CALLS, PRIVATE_SECONDS = 3, 3.0
 GROUP_CALLS, GROUP_SECONDS = 3, 9.0
+GROUP_MINUTE_CALLS = 20
+"""A group's 20 a minute, which its bursts of 3 in 9 s must also keep."""
 
 
 def chat_limits(chat_id: int) -> Limits:
     """What one chat's calls count against: the bot's limit and the chat's own (a group's is
-    slower; Telegram's group ids are negative), "typing…" the bot's alone."""
-    group = chat_id < 0
-    own = Limit(
-        f"chat {chat_id}",
-        GROUP_CALLS if group else PRIVATE_CALLS,
-        GROUP_SECONDS if group else PRIVATE_SECONDS,
-    )
-    limits = (BOT_LIMIT, own)
+    slower, and kept over a minute too; Telegram's group ids are negative), "typing…" the bot's
+    alone."""
+    if chat_id < 0:
+        own: tuple[Limit, ...] = (
+            Limit(f"chat {chat_id}", GROUP_CALLS, GROUP_SECONDS),
+            Limit(f"chat {chat_id} minute", GROUP_MINUTE_CALLS, 60.0),
+        )
+    else:
+        own = (Limit(f"chat {chat_id}", PRIVATE_CALLS, PRIVATE_SECONDS),)
+    limits = (BOT_LIMIT, *own)
     return lambda action: (BOT_LIMIT,) if action is Action.TYPING else limits
 
 

@@ -41,6 +41,9 @@ class StoreBase:
         self._shown = engine.url.render_as_string(hide_password=True)
         self._threads = threads
         self._dialect = engine.dialect.name
+        self._single_statements = self._dialect == "postgresql"
+        """The units of `core.store.units` that are one statement on PostgreSQL are several
+        elsewhere: pass this as `_call`'s `autocommit` for them."""
         self.settings = settings
 
     @classmethod
@@ -99,7 +102,8 @@ class StoreBase:
     ) -> "asyncio.Future[T]":
         """Queue `unit` on a database thread: the one `key` maps to (so calls with one key keep
         their order), else the least busy. `autocommit`: `unit` needs no transaction around it
-        (one statement, or reads whose consistency the caller keeps)."""
+        on PostgreSQL (one statement there, or reads whose consistency the caller keeps), so
+        it may run without BEGIN and COMMIT; SQLite runs every unit in one."""
         if key is not None:
             thread = self._threads[key % len(self._threads)]
         else:

@@ -347,6 +347,7 @@ async def telegram_platform(
     make_bot: BotFactory,
     *,
     fake: FakeTelegram | None = None,
+    limits: bool = False,
     token: str = BOT_TOKEN,
     vision: bool = False,
     edit_interval: float = 0.05,
@@ -354,11 +355,11 @@ async def telegram_platform(
     store: Store | None = None,
     **settings: Any,
 ) -> AsyncIterator[TelegramPlatform]:
-    """A running Telegram channel on the fake Bot API (a new one unless `fake` is given);
-    stops in the order the app does."""
+    """A running Telegram channel on the fake Bot API (a new one unless `fake` is given, keeping
+    the Bot API's limits with `limits`); stops in the order the app does."""
     async with contextlib.AsyncExitStack() as stack:
         if fake is None:
-            fake = await stack.enter_async_context(FakeTelegram())
+            fake = await stack.enter_async_context(FakeTelegram(limits=limits))
         channel = TelegramChannel(
             TelegramSettings(
                 base_url=fake.base_url,
@@ -466,15 +467,17 @@ async def slack_platform(
     make_bot: BotFactory,
     *,
     fake: FakeSlack | None = None,
+    limits: bool = False,
     edit_interval: float = 0.05,
     post_grace: float = 0.0,
     store: Store | None = None,
     **settings: Any,
 ) -> AsyncIterator[SlackPlatform]:
-    """A running Slack channel over Socket Mode on the fake Slack; stops as the app does."""
+    """A running Slack channel over Socket Mode on the fake Slack (a new one unless `fake` is
+    given, keeping Slack's limits with `limits`); stops as the app does."""
     async with contextlib.AsyncExitStack() as stack:
         if fake is None:
-            fake = await stack.enter_async_context(FakeSlack())
+            fake = await stack.enter_async_context(FakeSlack(limits=limits))
         for person in (ANN, BOB, MALLORY):
             fake.person(f"U{person}", display_name=f"Person {person}", real_name="Someone Else")
         channel = SlackChannel(
@@ -580,16 +583,18 @@ async def discord_platform(
     make_bot: BotFactory,
     *,
     fake: FakeDiscord | None = None,
+    limits: bool = False,
     access: Allowed | None = None,
     vision: bool = False,
     edit_interval: float = 0.05,
     post_grace: float = 0.0,
     **settings: Any,
 ) -> AsyncIterator[DiscordPlatform]:
-    """A running Discord channel on the fake Discord (REST and gateway); stops as the app does."""
+    """A running Discord channel on the fake Discord, REST and gateway (a new one unless `fake`
+    is given, keeping Discord's limits with `limits`); stops as the app does."""
     async with contextlib.AsyncExitStack() as stack:
         if fake is None:
-            fake = await stack.enter_async_context(FakeDiscord())
+            fake = await stack.enter_async_context(FakeDiscord(limits=limits))
         channel = DiscordChannel(
             DiscordSettings(
                 api_base=fake.api_base,

@@ -36,7 +36,7 @@ async def test_finals_go_before_first_words_that_asked_earlier() -> None:
 async def test_calls_that_do_not_wait_leave_their_share_free() -> None:
     budget = Budget()
     place = budget.pace(lambda action: (chat("a", calls=6),))
-    partial = [place.take(Action.EDIT, Urgency.PARTIAL) for _ in range(6)]
+    partial = [place.take(Action.EDIT, Urgency.PARTIAL) is not None for _ in range(6)]
     assert partial == [True] * 4 + [False] * 2, "a third of the window is left"
     assert not place.take(Action.TYPING, Urgency.TYPING)
     assert not place.take(Action.EDIT, Urgency.STATUS)
@@ -76,7 +76,7 @@ async def test_first_words_stand_aside_when_the_final_text_comes() -> None:
     first_words = asyncio.create_task(place.wait(Action.POST, Urgency.FIRST, unless=finishing))
     await asyncio.sleep(0)
     finishing.set()
-    assert await asyncio.wait_for(first_words, GUARD_SECONDS) is False
+    assert await asyncio.wait_for(first_words, GUARD_SECONDS) is None
 
 
 async def test_a_429_holds_the_place_and_not_the_bot() -> None:
@@ -103,3 +103,39 @@ async def test_a_waiter_that_gives_up_lets_the_next_go() -> None:
     gives_up.cancel()
     await asyncio.gather(gives_up, return_exceptions=True)
     assert await asyncio.wait_for(place.wait(Action.POST, Urgency.FIRST), GUARD_SECONDS)
+
+
+async def test_a_call_counts_from_its_answer_once_it_lands() -> None:
+    """Regression (issue 36): calls granted together travel at different speeds; counted from
+    their grant, the slow ones reached Telegram inside the next second's window, and a burst
+    met 429s on the bot's 30 a second."""
+    loop = asyncio.get_running_loop()
+    place = Budget().pace(lambda action: (BOT,))
+    slot = await place.wait(Action.POST, Urgency.FINAL)
+    assert slot is not None
+    await asyncio.sleep(BOT.seconds / 2)  # the call on its way
+    landed_at = loop.time()
+    slot.landed()
+    assert await asyncio.wait_for(place.wait(Action.POST, Urgency.FINAL), GUARD_SECONDS)
+    assert loop.time() - landed_at >= BOT.seconds, "the next call a whole window after it"
+
+
+async def test_a_live_replys_final_text_keeps_its_room_in_the_shared_window() -> None:
+    """Regression (issue 36): edits of partial text spent the workspace's minute of Slack
+    chat.update, and the final texts of the replies still streaming waited for the next one."""
+    workspace = Limit("workspace chat.update", 6, 3600, shared=True)
+    budget = Budget()
+    place = budget.pace(lambda action: (workspace,))
+    live = [place.reserve(Action.EDIT) for _ in range(2)]  # two replies owe a final text
+    partial = [place.take(Action.EDIT, Urgency.PARTIAL) is not None for _ in range(4)]
+    assert partial == [True] * 2 + [False] * 2, "a third left, and the two finals"
+    for reply in live:
+        assert await place.wait(Action.EDIT, Urgency.FINAL), "each final finds its room"
+        reply.release()
+    assert not place.take(Action.EDIT, Urgency.PARTIAL), "the window's last two: a third of it"
+
+
+async def test_a_reservation_leaves_a_places_own_window_alone() -> None:
+    place = Budget().pace(lambda action: (chat("a", calls=3),))
+    place.reserve(Action.EDIT)
+    assert place.take(Action.EDIT, Urgency.PARTIAL), "a chat's window is the reply's own"

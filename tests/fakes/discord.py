@@ -53,6 +53,22 @@ is the credential. What the bot did is recorded as ``calls``, ``messages(channel
 ``threads``, ``commands`` and ``interaction_callbacks``; ``wait_until`` re-checks a condition on
 every call, frame and dispatch, so tests wait on what happened instead of sleeping. ``close()``
 closes the websockets and stops the writer before the runner is cleaned up, and uninstalls.
+
+With ``limits=True`` it keeps Discord's REST limits (``tests.fakes.rate_limits``, fixed windows:
+a bucket's first call opens it, its allowance comes back whole when it ends, as Discord's
+``X-RateLimit-Reset-After`` says). Per channel, the buckets Discord's headers describe
+(``BUCKETS``): a message's create and edit share one, 5 in 5 seconds (one ``X-RateLimit-Bucket``
+hash for both routes, as Discord answers); deleting a message is its own, 5 a second (a bot's
+own, young messages); typing its own, 5 in 5 seconds. Every request with the bot's token counts
+against the global limit too, 50 a second (interaction callbacks and webhooks, authorised by
+their own token, do not, as on Discord); other routes have no bucket here. Every answer of a
+bucketed route carries ``X-RateLimit-Limit``, ``-Remaining``, ``-Reset``, ``-Reset-After`` and
+``-Bucket``, which discord.py reads to wait on its own once ``Remaining`` is 0. A request past a
+limit gets Discord's 429: ``{"message": "You are being rate limited.", "retry_after": F,
+"global": false}``, ``Retry-After``, ``Via`` and the bucket's headers with ``Remaining: 0``, or
+for the global limit ``"global": true`` and ``X-RateLimit-Global``. Each refusal is kept in
+``refused_429``, and when each counted request came in in ``rate_limits.admitted`` (on
+``rate_limits.clock``, which a test may stop and move by hand).
 """
 
 from __future__ import annotations
@@ -82,6 +98,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from tests.fakes.changes import Changes
 from tests.fakes.holds import Holds, hang_up
+from tests.fakes.rate_limits import Limiter, Refusal, Window
 
 with warnings.catch_warnings():
     # discord.py imports audioop, deprecated since 3.11; pytest turns warnings into errors
@@ -123,6 +140,14 @@ LINK_GONE = "This content is no longer available."  # the CDN's 404 for an expir
 
 _Json = dict[str, Any]
 _EPOCH_MS = 1_420_070_400_000  # Discord's snowflake epoch
+GLOBAL_WINDOW = Window("global", 50, 1.0, fixed=True)
+BUCKETS: dict[str, tuple[str, int, float]] = {
+    "POST /channels/{channel}/messages": ("fake-messages", 5, 5.0),
+    "PATCH /channels/{channel}/messages/{message}": ("fake-messages", 5, 5.0),
+    "DELETE /channels/{channel}/messages/{message}": ("fake-deletions", 5, 1.0),
+    "POST /channels/{channel}/typing": ("fake-typing", 5, 5.0),
+}
+"""Each bucketed route's bucket, counted per channel: its hash, calls and seconds."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +215,52 @@ class Frame:
     op: int
     d: Any
     at: float
+
+
+@dataclass(frozen=True)
+class _Bucket:
+    """The bucket one request counts in: Discord's hash for it, and its window (per channel)."""
+
+    hash: str
+    window: Window
+
+
+def _bucket_of(route: str, params: _Json) -> _Bucket | None:
+    if route not in BUCKETS:
+        return None
+    name, calls, seconds = BUCKETS[route]
+    return _Bucket(name, Window(f"{name} {params['channel']}", calls, seconds, fixed=True))
+
+
+def _bucket_headers(limit: int, remaining: int, reset_after: float, name: str) -> dict[str, str]:
+    reset_after = _millis_up(reset_after)
+    return {
+        "X-RateLimit-Limit": str(limit),
+        "X-RateLimit-Remaining": str(remaining),
+        "X-RateLimit-Reset": f"{time.time() + reset_after:.3f}",
+        "X-RateLimit-Reset-After": f"{reset_after:.3f}",
+        "X-RateLimit-Bucket": name,
+    }
+
+
+def _millis_up(seconds: float) -> float:
+    """A wait to the millisecond, as Discord states one, rounded up: a client that waits it out
+    is never a moment early."""
+    return math.ceil(round(seconds * 1000, 6)) / 1000
+
+
+def _too_many(wait: float, scope: str, via: bool, bucket: dict[str, str]) -> web.Response:
+    """A 429 as Discord sends it: with the bucket's headers, or the global limit's."""
+    is_global = scope == "global"
+    body = {"message": "You are being rate limited.", "retry_after": wait, "global": is_global}
+    headers = {"Retry-After": str(max(1, math.ceil(wait))), "X-RateLimit-Scope": scope}
+    if is_global:
+        headers["X-RateLimit-Global"] = "true"
+    else:
+        headers.update(bucket)
+    if via:
+        headers["Via"] = "1.1 google"
+    return _json_response(body, status=429, headers=headers)
 
 
 @dataclass(frozen=True)
@@ -277,8 +348,11 @@ class FakeDiscord:
         token: str = BOT_TOKEN,
         heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS,
         echo_bot_messages: bool = True,
+        limits: bool = False,
     ) -> None:
         self.token = token
+        self.rate_limits = Limiter(enabled=limits)
+        """Discord's limits, kept only with ``limits`` (see the module's docstring)."""
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.echo_bot_messages = echo_bot_messages
         self.message_content_intent_enabled = True  # the developer portal switch
@@ -392,6 +466,11 @@ class FakeDiscord:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    @property
+    def refused_429(self) -> list[Refusal]:
+        """Every request answered 429 for a limit (``limits``), in order; scripted ones aside."""
+        return self.rate_limits.refused
 
     @property
     def api_base(self) -> str:
@@ -741,10 +820,12 @@ class FakeDiscord:
 
     async def _api(self, request: web.Request) -> web.StreamResponse:
         path = "/" + request.match_info["path"]
+        arrived = self.rate_limits.clock()
         body = await self._read_body(request)
         header = request.headers.get("Authorization", "")
         token = header[4:] if header.startswith("Bot ") else header or None
         status = 200
+        bucket: _Bucket | None = None
         try:
             if request.match_info["version"] != str(API_VERSION):
                 raise _ApiError(404, "404: Not Found")
@@ -757,6 +838,11 @@ class FakeDiscord:
                 status = failure.status
                 return self._failure_response(failure)
             route, handler, params = self._route(request.method, path)
+            bucket = _bucket_of(route, params)
+            refusal = self.rate_limits.admit(route, self._windows(bucket, webhook), arrived)
+            if refusal is not None:
+                status = 429
+                return self._refused(refusal, bucket)
             if "query" in inspect.signature(handler).parameters:
                 params["query"] = dict(request.query)
             async with self.holds.answering(request, route, params):
@@ -766,11 +852,11 @@ class FakeDiscord:
             result = self._answered_without(request.method, path, result)
             if result is None:
                 status = 204
-                return web.Response(status=204)
-            return _json_response(result)
+                return self._bucketed(web.Response(status=204), bucket)
+            return self._bucketed(_json_response(result), bucket)
         except _ApiError as error:
             status = error.status
-            return _json_response(error.body, status=error.status)
+            return self._bucketed(_json_response(error.body, status=error.status), bucket)
         finally:
             call = Call(request.method, path, body, dict(request.query), time.time(), status, token)
             self.calls.append(call)
@@ -826,26 +912,33 @@ class FakeDiscord:
 
     @staticmethod
     def _rate_limited(failure: _Failure) -> web.Response:
-        """A 429 as Discord sends it: the bucket's headers, or the global limit's."""
+        """A scripted 429 (`fail_next`), as if a bucket of 5 were spent."""
         wait = failure.retry_after
-        is_global = failure.scope == "global"
-        body = {"message": "You are being rate limited.", "retry_after": wait, "global": is_global}
-        headers = {"Retry-After": str(max(1, math.ceil(wait))), "X-RateLimit-Scope": failure.scope}
-        if is_global:
-            headers["X-RateLimit-Global"] = "true"
-        else:
-            headers.update(
-                {
-                    "X-RateLimit-Limit": "5",
-                    "X-RateLimit-Remaining": "0",
-                    "X-RateLimit-Reset": f"{time.time() + wait:.3f}",
-                    "X-RateLimit-Reset-After": f"{wait:.3f}",
-                    "X-RateLimit-Bucket": "fake-bucket",
-                }
-            )
-        if failure.via:
-            headers["Via"] = "1.1 google"
-        return _json_response(body, status=429, headers=headers)
+        bucket = _bucket_headers(5, 0, wait, "fake-bucket")
+        return _too_many(wait, failure.scope, failure.via, bucket)
+
+    @staticmethod
+    def _windows(bucket: _Bucket | None, webhook: bool) -> list[Window]:
+        """What a request counts against: the global limit (not with a webhook's own token)
+        and its route's bucket."""
+        windows = [] if webhook else [GLOBAL_WINDOW]
+        return windows if bucket is None else [*windows, bucket.window]
+
+    def _refused(self, refusal: Refusal, bucket: _Bucket | None) -> web.Response:
+        wait = _millis_up(refusal.retry_after)
+        if refusal.window.key == GLOBAL_WINDOW.key or bucket is None:
+            return _too_many(wait, "global", True, {})
+        return _too_many(
+            wait, "user", True, _bucket_headers(bucket.window.calls, 0, wait, bucket.hash)
+        )
+
+    def _bucketed(self, response: web.Response, bucket: _Bucket | None) -> web.Response:
+        """`response` with its bucket's headers, as Discord answers a bucketed route."""
+        if bucket is not None and self.rate_limits.enabled:
+            remaining, reset_after = self.rate_limits.state(bucket.window)
+            limit = bucket.window.calls
+            response.headers.update(_bucket_headers(limit, remaining, reset_after, bucket.hash))
+        return response
 
     def _route(self, method: str, path: str) -> tuple[str, Callable[..., Awaitable[Any]], _Json]:
         """The route's name ("POST /channels/{channel}/typing"), its handler and parameters."""

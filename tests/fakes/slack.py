@@ -50,6 +50,18 @@ app has the files:read scope (``files_read_scope``). Any other request is answer
 answers it: a redirect to the workspace's sign-in page, HTML with HTTP 200, never an error
 status; a file never shared, or deleted (``delete_file``), is a 404. Each request is recorded in
 ``downloads``.
+
+With ``limits=True`` it keeps Slack's published Web API limits (``tests.fakes.rate_limits``,
+sliding windows; the fake is one workspace): ``chat.postMessage`` 3 in any 3 seconds in one
+channel ("one a second", with the short bursts Slack allows), and per method for the workspace
+``chat.update``, ``chat.delete`` and ``reactions.add`` at Tier 3 (50 in any minute) and
+``reactions.remove`` at Tier 2 (20 in any minute). Other methods are not limited here (Slack's
+hundreds of posts a minute per workspace, Tier 4 ``chat.postEphemeral`` and ``users.info``, and
+the reads' tiers are beyond what a test's bot makes). A call past a limit is answered as Slack
+does: HTTP 429, ``Retry-After: N`` (the whole seconds until its window has room, at least 1) and
+``{"ok": false, "error": "ratelimited"}``. Each refusal is kept in ``refused_429``, and when each
+counted call came in in ``rate_limits.admitted`` (on ``rate_limits.clock``, which a test may stop
+and move by hand).
 """
 
 from __future__ import annotations
@@ -73,6 +85,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from tests.fakes.changes import Changes
 from tests.fakes.holds import Holds, hang_up
+from tests.fakes.rate_limits import Limiter, Refusal, Window, whole_seconds
 
 BOT_TOKEN = "xoxb-test"
 APP_TOKEN = "xapp-test"
@@ -95,6 +108,10 @@ SIGN_IN_PAGE = (
 )
 """What Slack answers a file request it will not serve: its sign-in page, not an error."""
 FILE_CHUNK = 64 * 1024
+POSTS_CALLS, POSTS_SECONDS = 3, 3.0
+TIER_SECONDS = 60.0
+TIERED = {"chat.update": 50, "chat.delete": 50, "reactions.add": 50, "reactions.remove": 20}
+"""Each limited method's calls a minute in a workspace (Tier 3: 50, Tier 2: 20)."""
 
 _Json = dict[str, Any]
 
@@ -235,6 +252,15 @@ class _ApiError(Exception):
         )
 
 
+def limit_windows(method: str, params: Mapping[str, Any]) -> list[Window]:
+    """The windows a call counts against: its channel's posts, its method's tier, or none."""
+    if method == "chat.postMessage":
+        return [Window(f"{_text_param(params, 'channel')} posts", POSTS_CALLS, POSTS_SECONDS)]
+    if method in TIERED:
+        return [Window(method, TIERED[method], TIER_SECONDS)]
+    return []
+
+
 def signature(secret: str, timestamp: str, body: str) -> str:
     """Slack's request signature: ``v0=`` + hex HMAC-SHA256 of ``v0:{timestamp}:{body}``."""
     digest = hmac.new(secret.encode(), f"v0:{timestamp}:{body}".encode(), hashlib.sha256)
@@ -354,8 +380,11 @@ class FakeSlack:
         app_token: str = APP_TOKEN,
         signing_secret: str = SIGNING_SECRET,
         echo_bot_messages: bool = True,
+        limits: bool = False,
     ) -> None:
         self.bot_token = bot_token
+        self.rate_limits = Limiter(enabled=limits)
+        """Slack's limits, kept only with ``limits`` (see the module's docstring)."""
         self.app_token = app_token
         self.signing_secret = signing_secret
         self.echo_bot_messages = echo_bot_messages
@@ -422,6 +451,11 @@ class FakeSlack:
         }
 
     # --- lifecycle ---
+
+    @property
+    def refused_429(self) -> list[Refusal]:
+        """Every call answered 429 for a limit (``limits``), in order; scripted ones aside."""
+        return self.rate_limits.refused
 
     @property
     def api_url(self) -> str:
@@ -887,6 +921,7 @@ class FakeSlack:
 
     async def _api(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
+        arrived = self.rate_limits.clock()
         params: dict[str, Any] = {}
         token: str | None = None
         try:
@@ -910,6 +945,9 @@ class FakeSlack:
                 raise _ApiError("unknown_method")
             kind, handler = self._methods[method]
             self._check_token(token, kind)
+            refusal = self.rate_limits.admit(method, limit_windows(method, params), arrived)
+            if refusal is not None:
+                raise _ApiError("ratelimited", 429, whole_seconds(refusal.retry_after))
             async with self.holds.answering(request, method, params):
                 result = handler(params)
             if self._hang_ups[method] > 0:

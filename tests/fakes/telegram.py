@@ -24,6 +24,18 @@ whole ones), and ``answer_without`` answers a method without a field (a message 
 and requests abandoned by the client. ``wait_until`` re-checks a condition on every call and
 update, so tests wait on what the bot did instead of sleeping; ``close()`` answers parked long
 polls first.
+
+With ``limits=True`` it keeps the Bot API's published limits (``tests.fakes.rate_limits``, sliding
+windows: Telegram says no more of how it counts): 30 calls in any second for the whole bot, 3 in
+any 3 seconds in one private chat ("about one a second", with the short bursts Telegram lets
+through), 20 in any minute in a group or channel (an id below 0, or an ``@username``). Only the
+calls that show or change something in a chat count (``LIMITED``: sending, editing and deleting
+messages, and ``sendChatAction``, which counts for the bot alone, not its chat); ``getUpdates``,
+``getMe``, ``getFile``, ``answerCallbackQuery`` and the rest never do. A call past a limit is
+answered as Telegram does: HTTP 429, ``"Too Many Requests: retry after N"`` and
+``parameters.retry_after`` N, the whole seconds until every window it counts in has room (at
+least 1). Each refusal is kept in ``refused_429``, and when each counted call came in in
+``rate_limits.admitted`` (``rate_limits.clock``, which a test may stop and move by hand).
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ from aiohttp import web
 
 from tests.fakes.changes import Changes
 from tests.fakes.holds import Holds, hang_up
+from tests.fakes.rate_limits import Limiter, Refusal, Window, whole_seconds
 
 BOT_TOKEN = "123456:TEST-token"
 MAX_TEXT_UNITS = 4096
@@ -113,7 +126,51 @@ _STRING_PARAMS = frozenset(
     }
 )
 
+LIMITED = frozenset(
+    {
+        "sendmessage",
+        "editmessagetext",
+        "editmessagecaption",
+        "editmessagemedia",
+        "editmessagereplymarkup",
+        "deletemessage",
+        "deletemessages",
+        "sendchataction",
+        "sendphoto",
+        "senddocument",
+        "sendaudio",
+        "sendvoice",
+        "sendvideo",
+        "sendvideonote",
+        "sendanimation",
+        "sendsticker",
+        "sendmediagroup",
+        "sendlocation",
+        "sendpoll",
+        "forwardmessage",
+        "copymessage",
+    }
+)
+"""The methods (lower-cased) Telegram's limits count: every one that shows something in a chat."""
+BOT_WINDOW = Window("bot", 30, 1.0)
+PRIVATE_CALLS, PRIVATE_SECONDS = 3, 3.0
+GROUP_CALLS, GROUP_SECONDS = 20, 60.0
+
 _Json = dict[str, Any]
+
+
+def limit_windows(method: str, params: Mapping[str, Any]) -> list[Window]:
+    """The windows a call counts against: none, the bot's alone ("typing…"), or the bot's and
+    its chat's (a group's, an id below 0 or an @username, is slower)."""
+    method = method.lower()
+    if method not in LIMITED:
+        return []
+    if method == "sendchataction":
+        return [BOT_WINDOW]
+    chat = str(params.get("chat_id", "")).strip()
+    group = chat.startswith(("-", "@"))
+    calls, seconds = (GROUP_CALLS, GROUP_SECONDS) if group else (PRIVATE_CALLS, PRIVATE_SECONDS)
+    return [BOT_WINDOW, Window(f"chat {chat}", calls, seconds)]
 
 
 @dataclass(frozen=True)
@@ -484,8 +541,10 @@ def _number_param(params: Mapping[str, Any], name: str) -> float:
 class FakeTelegram:
     """An aiohttp server on 127.0.0.1 answering ``/bot<TOKEN>/<method>`` and file downloads."""
 
-    def __init__(self, token: str = BOT_TOKEN) -> None:
+    def __init__(self, token: str = BOT_TOKEN, *, limits: bool = False) -> None:
         self.token = token
+        self.rate_limits = Limiter(enabled=limits)
+        """The Bot API's limits, kept only with ``limits`` (see the module's docstring)."""
         self.bot_user: _Json = {
             "id": 999000,
             "is_bot": True,
@@ -543,6 +602,11 @@ class FakeTelegram:
         }
 
     # --- lifecycle ---
+
+    @property
+    def refused_429(self) -> list[Refusal]:
+        """Every call answered 429 for a limit (``limits``), in order; scripted ones aside."""
+        return self.rate_limits.refused
 
     @property
     def base_url(self) -> str:
@@ -840,6 +904,7 @@ class FakeTelegram:
 
     async def _api(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
+        arrived = self.rate_limits.clock()
         params: dict[str, Any] = {}
         try:
             params = await _read_params(request)
@@ -849,6 +914,10 @@ class FakeTelegram:
             if failures:
                 failure = failures.popleft()
                 raise _ApiError(failure.status, failure.description, failure.retry_after)
+            refusal = self.rate_limits.admit(method, limit_windows(method, params), arrived)
+            if refusal is not None:
+                wait = whole_seconds(refusal.retry_after)
+                raise _ApiError(429, f"Too Many Requests: retry after {wait}", wait)
             if method.lower() == "getupdates":
                 async with self.holds.answering(request, "getupdates", params):
                     return await self._get_updates(method, params)

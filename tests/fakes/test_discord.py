@@ -185,10 +185,15 @@ MakeBot = Callable[..., Awaitable[Bot]]
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeDiscord]:
-    async with FakeDiscord() as fake:
+async def fake(request: pytest.FixtureRequest) -> AsyncIterator[FakeDiscord]:
+    """The fake, installed; keeping Discord's limits when a test is marked `LIMITS`."""
+    async with FakeDiscord(limits=getattr(request, "param", False)) as fake:
         with fake.installed():
             yield fake
+
+
+LIMITS = pytest.mark.parametrize("fake", [True], indirect=True, ids=["limits"])
+"""The `fake` of this test keeps Discord's limits (``limits=True``)."""
 
 
 @pytest.fixture
@@ -521,6 +526,108 @@ async def test_other_errors_raise_at_once(fake: FakeDiscord, bot: Bot) -> None:
         await lib(bot.client.fetch_user(USER_ID))  # GET /users/{id}: not implemented
     assert raised.value.text == "404: Not Found"
     assert fake.messages(CHANNEL_ID) == []
+
+
+# --- Discord's limits (limits=True) ---
+
+AUTH = {"Authorization": f"Bot {BOT_TOKEN}"}
+MESSAGES = f"api/v10/channels/{CHANNEL_ID}/messages"
+
+
+@LIMITS
+async def test_a_bucketed_route_says_what_is_left_and_past_it_answers_discords_429(
+    fake: FakeDiscord,
+) -> None:
+    """A message's post and edit share one bucket per channel; deleting and typing have their
+    own."""
+    fake.rate_limits.clock.stop()
+    async with aiohttp.ClientSession(f"{fake.url}/") as http:
+        left = []
+        for n in range(5):
+            async with http.post(MESSAGES, json={"content": f"post {n}"}, headers=AUTH) as r:
+                assert r.status == 200
+                left.append(r.headers["X-RateLimit-Remaining"])
+                assert (r.headers["X-RateLimit-Limit"], r.headers["X-RateLimit-Bucket"]) == (
+                    "5",
+                    "fake-messages",
+                )
+                assert r.headers["X-RateLimit-Reset-After"] == "5.000"
+                message = (await r.json())["id"]
+        edit = f"{MESSAGES}/{message}"
+        async with http.patch(edit, json={"content": "edited"}, headers=AUTH) as refused:
+            assert refused.status == 429
+            assert await refused.json() == {
+                "message": "You are being rate limited.",
+                "retry_after": 5.0,
+                "global": False,
+            }
+            headers = refused.headers
+            assert (headers["Retry-After"], headers["X-RateLimit-Remaining"]) == ("5", "0")
+            assert (headers["X-RateLimit-Bucket"], headers["X-RateLimit-Scope"]) == (
+                "fake-messages",
+                "user",
+            )
+            assert headers["Via"] and "X-RateLimit-Global" not in headers
+        async with http.delete(edit, headers=AUTH) as deleted:
+            assert deleted.status == 204
+            assert deleted.headers["X-RateLimit-Bucket"] == "fake-deletions"
+            assert deleted.headers["X-RateLimit-Reset-After"] == "1.000"
+        async with http.post(f"api/v10/channels/{CHANNEL_ID}/typing", headers=AUTH) as typing:
+            assert typing.headers["X-RateLimit-Bucket"] == "fake-typing"
+        fake.rate_limits.clock.advance(5)
+        async with http.post(MESSAGES, json={"content": "later"}, headers=AUTH) as r:
+            assert (r.status, r.headers["X-RateLimit-Remaining"]) == (200, "4")
+    assert left == ["4", "3", "2", "1", "0"]
+    [refusal] = fake.refused_429
+    assert refusal.window.key == f"fake-messages {CHANNEL_ID}"
+
+
+@LIMITS
+async def test_past_fifty_requests_a_second_the_limit_is_global(fake: FakeDiscord) -> None:
+    fake.rate_limits.clock.stop()
+    async with aiohttp.ClientSession(f"{fake.url}/") as http:
+        for _ in range(50):
+            async with http.get("api/v10/users/@me", headers=AUTH) as response:
+                assert response.status == 200 and "X-RateLimit-Bucket" not in response.headers
+        async with http.get("api/v10/users/@me", headers=AUTH) as refused:
+            assert refused.status == 429
+            assert (await refused.json())["global"] is True
+            assert refused.headers["X-RateLimit-Global"] == "true"
+            assert refused.headers["X-RateLimit-Scope"] == "global"
+        fake.rate_limits.clock.advance(1)
+        async with http.get("api/v10/users/@me", headers=AUTH) as response:
+            assert response.status == 200
+    assert [refusal.window.key for refusal in fake.refused_429] == ["global"]
+
+
+@LIMITS
+async def test_discord_py_waits_on_the_headers_instead_of_meeting_a_429(
+    fake: FakeDiscord, bot: Bot
+) -> None:
+    """Four posts, then (the clock moved on) a fifth that leaves the bucket empty for half a
+    second: discord.py sleeps that out itself, so the sixth comes once the bucket is full
+    again, and the fake answers no 429."""
+    fake.rate_limits.clock.stop()
+    for n in range(4):
+        await lib(channel(bot).send(f"post {n}"))
+    fake.rate_limits.clock.advance(4.5)
+    fake.rate_limits.clock.resume()
+
+    await lib(channel(bot).send("the bucket's last"))
+    await lib(channel(bot).send("after its reset"))
+
+    posts = fake.calls_to("POST", f"/channels/{CHANNEL_ID}/messages")
+    assert [call.status for call in posts] == [200] * 6
+    assert fake.refused_429 == []
+    assert len(fake.messages(CHANNEL_ID)) == 6
+
+
+async def test_without_limits_no_bucket_headers_and_nothing_refused(fake: FakeDiscord) -> None:
+    async with aiohttp.ClientSession(f"{fake.url}/") as http:
+        for n in range(8):
+            async with http.post(MESSAGES, json={"content": f"post {n}"}, headers=AUTH) as r:
+                assert r.status == 200 and "X-RateLimit-Remaining" not in r.headers
+    assert fake.refused_429 == [] and fake.rate_limits.admitted == []
 
 
 # --- threads ---

@@ -411,6 +411,88 @@ async def test_reactions(fake: FakeSlack, client: AsyncWebClient):
     ]
 
 
+# --- Slack's limits (limits=True) ---
+
+
+@pytest.fixture
+async def limited() -> AsyncIterator[FakeSlack]:
+    """A fake keeping Slack's limits, on a clock that moves only when the test moves it."""
+    async with FakeSlack(limits=True) as server:
+        server.rate_limits.clock.stop()
+        yield server
+
+
+@pytest.fixture
+def limited_client(limited: FakeSlack) -> AsyncWebClient:
+    return AsyncWebClient(token=BOT_TOKEN, base_url=limited.api_url)
+
+
+async def refused(call: Awaitable[Any]) -> tuple[int, str, str]:
+    """The HTTP status, error and Retry-After of a call slack_sdk raised for."""
+    with pytest.raises(SlackApiError) as caught:
+        await within(call)
+    response = caught.value.response
+    return response.status_code, response["error"], response.headers.get("Retry-After", "")
+
+
+async def test_past_a_channels_posting_limit_a_post_is_a_429_with_retry_after(
+    limited: FakeSlack, limited_client: AsyncWebClient
+) -> None:
+    for n in range(3):
+        await within(limited_client.chat_postMessage(channel="C1", text=f"post {n}"))
+
+    answer = await refused(limited_client.chat_postMessage(channel="C1", text="too soon"))
+
+    assert answer == (429, "ratelimited", "3")
+    assert [(r.what, r.window.key) for r in limited.refused_429] == [
+        ("chat.postMessage", "C1 posts")
+    ]
+    await within(limited_client.chat_postMessage(channel="C2", text="elsewhere"))  # its own
+    limited.rate_limits.clock.advance(3)
+    await within(limited_client.chat_postMessage(channel="C1", text="in time"))
+    assert len(limited.posted("C1")) == 4
+
+
+async def test_each_tiered_method_has_its_own_minute_for_the_workspace(
+    limited: FakeSlack, limited_client: AsyncWebClient
+) -> None:
+    """Tier 3 (50 a minute) for updates and adding reactions, Tier 2 (20) for removing one."""
+    sent = await within(limited_client.chat_postMessage(channel="C1", text="hi"))
+    for n in range(50):
+        await within(limited_client.chat_update(channel="C1", ts=sent["ts"], text=f"v{n}"))
+    for _ in range(20):
+        await within(limited_client.reactions_add(channel="C1", timestamp=sent["ts"], name="eyes"))
+        await within(
+            limited_client.reactions_remove(channel="C1", timestamp=sent["ts"], name="eyes")
+        )
+    await within(limited_client.reactions_add(channel="C1", timestamp=sent["ts"], name="eyes"))
+
+    update = limited_client.chat_update(channel="C1", ts=sent["ts"], text="one too many")
+    assert await refused(update) == (429, "ratelimited", "60")
+    removal = limited_client.reactions_remove(channel="C1", timestamp=sent["ts"], name="eyes")
+    assert await refused(removal) == (429, "ratelimited", "60")
+    assert [r.window.key for r in limited.refused_429] == ["chat.update", "reactions.remove"]
+    limited.rate_limits.clock.advance(60)
+    await within(limited_client.chat_update(channel="C1", ts=sent["ts"], text="a minute on"))
+
+
+async def test_methods_without_a_limit_here_are_never_refused(
+    limited: FakeSlack, limited_client: AsyncWebClient
+) -> None:
+    for _ in range(60):
+        await within(limited_client.auth_test())
+
+    assert limited.refused_429 == [] and limited.rate_limits.admitted == []
+
+
+async def test_without_limits_nothing_is_refused(fake: FakeSlack, client: AsyncWebClient) -> None:
+    for n in range(10):
+        await within(client.chat_postMessage(channel="C1", text=f"post {n}"))
+
+    assert len(fake.posted("C1")) == 10
+    assert fake.refused_429 == [] and fake.rate_limits.admitted == []
+
+
 # --- Socket Mode ---
 
 

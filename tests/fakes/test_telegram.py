@@ -753,6 +753,105 @@ async def test_other_failures_use_their_description_in_order(
         fake.fail_next("sendMessage", status=500)
 
 
+# --- the Bot API's limits (limits=True) ---
+
+
+@pytest.fixture
+async def limited() -> AsyncIterator[FakeTelegram]:
+    """A fake keeping the Bot API's limits, on a clock that moves only when the test moves it."""
+    async with FakeTelegram(limits=True) as server:
+        server.rate_limits.clock.stop()
+        yield server
+
+
+@pytest.fixture
+async def limited_client(limited: FakeTelegram) -> AsyncIterator[Bot]:
+    bot = make_bot(limited)
+    await within(bot.initialize())
+    yield bot
+    await within(bot.shutdown())
+
+
+async def test_past_a_private_chats_limit_a_call_raises_retry_after(
+    limited: FakeTelegram, limited_client: Bot
+) -> None:
+    """Three calls in any three seconds in one chat, edits and deletions counted too."""
+    first = await within(limited_client.send_message(CHAT, "one"))
+    await within(limited_client.edit_message_text("one, edited", CHAT, first.message_id))
+    await within(limited_client.delete_message(CHAT, first.message_id))
+
+    with pytest.raises(RetryAfter) as caught:
+        await within(limited_client.send_message(CHAT, "too soon"))
+
+    assert caught.value.retry_after == timedelta(seconds=3)
+    assert limited.calls_to("sendMessage")[-1].error == {
+        "ok": False,
+        "error_code": 429,
+        "description": "Too Many Requests: retry after 3",
+        "parameters": {"retry_after": 3},
+    }
+    [refused] = limited.refused_429
+    assert (refused.what, refused.window.key, refused.retry_after) == ("sendMessage", "chat 777", 3)
+    await within(limited_client.send_message(CHAT + 1, "another chat"))  # its own window
+    limited.rate_limits.clock.advance(2.5)
+    with pytest.raises(RetryAfter) as caught:
+        await within(limited_client.send_message(CHAT, "still too soon"))
+    assert caught.value.retry_after == timedelta(seconds=1), "half a second, in whole seconds"
+    limited.rate_limits.clock.advance(0.5)
+    await within(limited_client.send_message(CHAT, "in time"))
+    assert [m.visible for m in limited.sent(CHAT)] == ["in time"]
+    assert len(limited.rate_limits.admitted) == 5
+
+
+async def test_the_whole_bot_has_thirty_calls_a_second_and_typing_counts_only_there(
+    limited: FakeTelegram, limited_client: Bot
+) -> None:
+    for _ in range(30):
+        await within(limited_client.send_chat_action(CHAT, ChatAction.TYPING))
+
+    with pytest.raises(RetryAfter) as caught:
+        await within(limited_client.send_message(CHAT + 1, "a chat of its own"))
+
+    assert caught.value.retry_after == timedelta(seconds=1)
+    assert [r.window.key for r in limited.refused_429] == ["bot"]
+    limited.rate_limits.clock.advance(1)
+    await within(limited_client.send_message(CHAT + 1, "a second later"))
+
+
+async def test_a_group_has_twenty_messages_a_minute(
+    limited: FakeTelegram, limited_client: Bot
+) -> None:
+    group = -100123
+    for n in range(20):
+        await within(limited_client.send_message(group, f"message {n}"))
+
+    with pytest.raises(RetryAfter) as caught:
+        await within(limited_client.send_message(group, "one too many"))
+
+    assert caught.value.retry_after == timedelta(seconds=60)
+    limited.rate_limits.clock.advance(60)
+    await within(limited_client.send_message(group, "a minute later"))
+    assert len(limited.sent(group)) == 21
+
+
+async def test_calls_that_show_nothing_in_a_chat_are_not_limited(
+    limited: FakeTelegram, limited_client: Bot
+) -> None:
+    for _ in range(40):
+        await within(limited_client.get_me())
+    await within(limited_client.get_updates(timeout=0))
+
+    assert limited.refused_429 == [] and limited.rate_limits.admitted == []
+
+
+async def test_without_limits_nothing_is_refused(fake: FakeTelegram, client: Bot) -> None:
+    for n in range(40):
+        await within(client.send_message(CHAT, f"message {n}"))
+
+    assert len(fake.sent(CHAT)) == 40
+    assert fake.refused_429 == [] and fake.rate_limits.admitted == []
+
+
 # --- waiting ---
 
 

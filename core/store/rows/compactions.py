@@ -3,7 +3,7 @@ sent.
 
 A compaction is made inside a turn (stored in that turn's own transaction, `record_turn`) or on
 its own (`/compact`, `record_compaction`); both write the same row, so it is built and written
-here once (`_compaction_row`, `_store_compaction`). The row is built before its unit is queued,
+here once (`_compaction_row`, `_compaction_write`). The row is built before its unit is queued,
 with a token, so a transaction replayed after its COMMIT answer was lost writes it once. Reading
 a conversation (`conversation_of`) starts from the latest one (`_latest_compaction_statement`).
 """
@@ -13,16 +13,18 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Executable, bindparam, select
+from sqlalchemy import Executable, bindparam, select
 
 from core.agent.messages import UsageTotals
 from core.store.base import StoreBase
 from core.store.tables import Compaction, utc_now
 from core.store.units import (
-    _insert_once_statement,
+    _insert_once_write,
     _of_conversation,
     _usage_values,
     _with_token,
+    _Write,
+    _writing,
 )
 
 
@@ -45,7 +47,7 @@ class CompactionStore(StoreBase):
     ) -> Awaitable[None]:
         """Store a compaction made outside any turn (`/compact`)."""
         row = _compaction_row(conversation_id, None, compaction)
-        return self._call(lambda connection: _store_compaction(connection, row))
+        return self._call(_writing([_compaction_write(self._dialect, row)]), autocommit=True)
 
     def compactions(self, conversation_id: int) -> Awaitable[list[Compaction]]:
         return self._call(_of_conversation(Compaction, conversation_id), autocommit=True)
@@ -72,11 +74,10 @@ def _compaction_row(
     )
 
 
-def _store_compaction(connection: Connection, row: dict[str, Any]) -> None:
+def _compaction_write(dialect: str, row: dict[str, Any]) -> _Write:
     """Write `row` (`_compaction_row`) unless its token is stored already: a replay of the
-    transaction that wrote it."""
-    insert_once = _insert_once_statement(connection.dialect.name, Compaction, whole=False)
-    connection.execute(insert_once, row)
+    unit that wrote it."""
+    return _insert_once_write(dialect, Compaction, row)
 
 
 @cache

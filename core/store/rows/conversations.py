@@ -97,15 +97,19 @@ def _active_conversation(connection: Connection, place: str) -> Conversation | N
 
 
 def _opening_conversation(place: str, agent: str, system_prompt: str) -> Unit[Conversation]:
-    """A new conversation of `place`, opened once however often the unit runs (`_inserting`):
-    build it before queueing, also inside a unit of more (`start_turn`)."""
-    values = {
+    """A new conversation of `place`, opened once however often the unit runs (`_inserting`)."""
+    return _inserting(Conversation, _conversation_row(place, agent, system_prompt))
+
+
+def _conversation_row(place: str, agent: str, system_prompt: str) -> dict[str, Any]:
+    """A new conversation's row (`start_turn` opens one under its turn): build it before the
+    unit is queued."""
+    return {
         "place": place,
         "agent": agent,
         "system_prompt": system_prompt,
         "created_at": utc_now(),
     }
-    return _inserting(Conversation, values)
 
 
 def _conversations_in(place: str) -> Any:

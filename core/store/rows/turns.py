@@ -5,17 +5,21 @@ Messages are here with the turns because every message is written as part of a t
 person's with `start_turn`, the rest with `record_turn`, repairs with `close_interrupted`) and is
 keyed by it: its `seq` is its place in the turn.
 
-A turn's common path is three transactions: the message recorded (`claim_inbound`), the turn
-started (`start_turn`: the conversation, its history, the turn and the person's message), and the
-reply with the turn's ending (`record_turn`). Under load, calls of many conversations share one
-transaction (group commit, in `core.store.dbthread`).
+A turn's common path is a handful of units: the message recorded (`claim_inbound`), the
+conversation read (`conversation_of`), the turn started (`start_turn`: the conversation if it is
+new, the turn and the person's message), the reply's records and the turn's ending
+(`record_turn`), what the platform shows (`mark_delivered`). On PostgreSQL each write among them
+is one statement (data-modifying CTEs: `core.store.units`) run without BEGIN and COMMIT, and so
+is the read of a place with no conversation yet, so a database a network hop away costs the turn
+a round trip per unit. Under load, calls of many conversations share one transaction instead
+(group commit, in `core.store.dbthread`).
 
-A transaction whose COMMIT answer is lost with the connection is run again. Each write is written
-to stay true under that replay: messages are upserted by (turn, seq); a turn's update writes its
+A unit whose COMMIT answer is lost with the connection is run again. Each write is written to
+stay true under that replay: messages are upserted by (turn, seq); a turn's update writes its
 whole mutable state; a claim recognises its own row by its claim token (`core.store.rows.inbox`);
 `start_turn` finds its own turn (and the conversation it opened) by the token each carries, in
-the insert itself (`ON CONFLICT DO NOTHING`, read back only when it hit), so the common path
-keeps its statements; a compaction is inserted once by its token too.
+the insert itself (`ON CONFLICT DO NOTHING`; the person's message is written only with a new
+turn), so the common path keeps its statements; a compaction is inserted once by its token too.
 """
 
 from collections.abc import Awaitable, Sequence
@@ -24,7 +28,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Executable, bindparam, case, func, insert, select, update
+from sqlalchemy import Connection, Executable, bindparam, case, func, select, update
 
 from core.agent.messages import (
     AssistantMessage,
@@ -39,10 +43,10 @@ from core.channel import Attachment
 from core.store.base import StoreBase
 from core.store.dbthread import Unit
 from core.store.history import INTERRUPTED_TOOL, unanswered_calls
-from core.store.rows.compactions import CompactionRecord, _compaction_row, _store_compaction
+from core.store.rows.compactions import CompactionRecord, _compaction_row, _compaction_write
 from core.store.rows.conversations import (
+    _conversation_row,
     _conversations_in,
-    _opening_conversation,
     _place_statement,
 )
 from core.store.tables import (
@@ -55,15 +59,17 @@ from core.store.tables import (
 )
 from core.store.units import (
     _by_id_statement,
-    _by_token_statement,
-    _dialect_insert,
     _fit,
-    _insert_once_statement,
+    _inserting,
     _of_conversation,
     _rows,
+    _Under,
+    _update_write,
     _updater,
+    _upsert_write,
     _usage_values,
-    _with_token,
+    _With,
+    _writing,
 )
 
 PENDING_DELIVERY = "pending"
@@ -73,6 +79,8 @@ UNSURE_DELIVERY = "unsure"
 cannot edit it, and must not post the answer a second time."""
 INSTRUCTION_AUTHOR = "kaiwa"
 """The author of the instructions Kaiwa adds to a turn (a workflow's steps), as stored."""
+CHANGING = ("text", "thinking", "tool_calls", "tool_status", "partial", "stopped", "updated_at")
+"""What saving a message again changes (the rest stays as first written)."""
 
 
 @dataclass(frozen=True)
@@ -152,40 +160,31 @@ class Summary:
 class TurnStore(StoreBase):
     def start_turn(self, start: TurnStart) -> Awaitable[StartedTurn]:
         """Open a turn (and, if `start` names none, its conversation) and store the message
-        that started it: one transaction. The turn carries a token made here, so a replay of
-        the transaction (its COMMIT landed, the answer was lost) finds it and writes nothing."""
-        opening = None
-        if start.conversation_id is None:
-            opening = _opening_conversation(start.place, start.agent, start.system_prompt)
+        that started it: one unit, one statement on PostgreSQL. The turn and the conversation
+        carry tokens made here, so a replay of the unit (its COMMIT landed, the answer was lost)
+        finds them and writes nothing."""
         now = utc_now()
-        turn = _with_token(Turn, _turn_row(start, now))
         said = _message_defaults(now) | {
             "seq": 0,
             "role": "user",
             "text": start.text,
             "author": start.author,
         }
-        said = _fit(Message, said)
-        insert_once = _insert_once_statement(self._dialect, Turn, whole=False)
+        message = _With(Message, said, (("conversation_id", "conversation_id"), ("turn_id", "id")))
+        turn, under = _turn_row(start, now), None
+        if start.conversation_id is None:
+            opened = _conversation_row(start.place, start.agent, start.system_prompt)
+            under = _Under(Conversation, opened, "conversation_id")
+        else:
+            turn["conversation_id"] = start.conversation_id
+        inserting = _inserting(Turn, turn, under=under, together=[message])
 
         def run(connection: Connection) -> StartedTurn:
-            conversation_id = start.conversation_id
-            if opening is not None:
-                opened = opening(connection)
-                assert opened.id is not None
-                conversation_id = opened.id
-            placed = {"conversation_id": conversation_id}
-            inserted = connection.execute(insert_once, turn | placed).scalar()
-            if inserted is None:  # ours, with its message: committed before the answer was lost
-                (ours,) = _rows(connection, Turn, _by_token_statement(Turn), token=turn["token"])
-                assert ours.id is not None
-                return StartedTurn(ours.conversation_id, ours.id)
-            turn_id = int(inserted)
-            message = said | placed | {"turn_id": turn_id}
-            connection.execute(insert(Message.__table__), message)  # type: ignore[attr-defined]
-            return StartedTurn(conversation_id, turn_id)
+            stored = inserting(connection)
+            assert stored.id is not None
+            return StartedTurn(stored.conversation_id, stored.id)
 
-        return self._call(run)
+        return self._call(run, autocommit=self._single_statements)
 
     def record_turn(
         self,
@@ -209,7 +208,7 @@ class TurnStore(StoreBase):
         writes = _turn_writes(
             self._dialect, conversation_id, turn_id, messages, now, values, compacted
         )
-        return self._call(writes, key=turn_id, durable=durable)
+        return self._call(writes, key=turn_id, durable=durable, autocommit=self._single_statements)
 
     def turns(self, conversation_id: int) -> Awaitable[list[Turn]]:
         return self._call(_of_conversation(Turn, conversation_id), autocommit=True)
@@ -319,7 +318,8 @@ class TurnStore(StoreBase):
         values: dict[str, Any] = {"delivery": delivery}
         if reply_ids is not None:
             values["reply_ids"] = list(reply_ids)
-        return self._call(_updater(Turn, turn_id, values), key=turn_id, durable=True)
+        updating = _updater(Turn, turn_id, values)
+        return self._call(updating, key=turn_id, durable=True, autocommit=True)
 
     def record_posts(self, turn_id: int, reply_ids: Sequence[str]) -> Awaitable[None]:
         """The messages a turn's reply has posted so far, the moment the platform gives their
@@ -337,7 +337,9 @@ class TurnStore(StoreBase):
                 ),
             )
         )
-        return self._call(lambda connection: connection.execute(statement), key=turn_id)
+        return self._call(
+            lambda connection: connection.execute(statement), key=turn_id, autocommit=True
+        )
 
     def close_interrupted(self, unfinished: Unfinished, error: str) -> Awaitable[None]:
         """End a turn a dead process left running: `interrupted`, with `error`, and a result for
@@ -353,7 +355,7 @@ class TurnStore(StoreBase):
         writes = _turn_writes(
             self._dialect, turn.conversation_id, turn.id, results, now, values, None
         )
-        return self._call(writes)
+        return self._call(writes, autocommit=self._single_statements)
 
 
 def _turn_writes(
@@ -365,23 +367,22 @@ def _turn_writes(
     values: dict[str, Any] | None,
     compacted: dict[str, Any] | None,
 ) -> Unit[None]:
-    """A turn's messages upserted by `seq` (one statement, however many), then a compaction row
-    made in it, then `values` written to its row: one unit, so one transaction."""
+    """A turn's messages upserted by `seq` (one statement, however many; the last one given
+    for a `seq` wins), a compaction row made in it, and `values` written to its row: one unit
+    (`_writing`), one statement on PostgreSQL."""
+    by_seq = {seq: message for seq, message in messages}
     rows = [
         _fit(Message, _message_row(conversation_id, turn_id, seq, message, now))
-        for seq, message in messages
+        for seq, message in by_seq.items()
     ]
-    upsert = _upsert_message_statement(dialect)
-
-    def run(connection: Connection) -> None:
-        if rows:
-            connection.execute(upsert, rows)
-        if compacted is not None:
-            _store_compaction(connection, compacted)
-        if values is not None:
-            _updater(Turn, turn_id, values)(connection)
-
-    return run
+    writes = []
+    if rows:
+        writes.append(_upsert_write(dialect, Message, rows, ("turn_id", "seq"), CHANGING))
+    if compacted is not None:
+        writes.append(_compaction_write(dialect, compacted))
+    if values is not None:
+        writes.append(_update_write(Turn, turn_id, values))
+    return _writing(writes)
 
 
 def _turn_row(start: TurnStart, now: datetime) -> dict[str, Any]:
@@ -483,14 +484,3 @@ def _inbound_statement() -> Executable:
     table = InboundEvent.__table__  # type: ignore[attr-defined]
     columns = (table.c.platform_message_id, table.c.text, table.c.author_id, table.c.attachments)
     return select(*columns).where(table.c.id == bindparam("id"))
-
-
-@cache
-def _upsert_message_statement(dialect: str) -> Executable:
-    table = Message.__table__  # type: ignore[attr-defined]
-    statement = _dialect_insert(dialect)(table)
-    changing = ("text", "thinking", "tool_calls", "tool_status", "partial", "stopped", "updated_at")
-    return statement.on_conflict_do_update(
-        index_elements=["turn_id", "seq"],
-        set_={name: statement.excluded[name] for name in changing},
-    )

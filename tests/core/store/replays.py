@@ -12,7 +12,7 @@ group again, and the second COMMIT goes through untouched. A store's single-stat
 runs without a transaction (PostgreSQL's autocommit) commits the same way and is replayed alike.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -27,12 +27,13 @@ class LostCommit:
 
 
 @contextmanager
-def commit_answer_lost() -> Iterator[LostCommit]:
-    """Within the block, the first COMMIT any engine makes lands and is then reported lost."""
+def commit_answer_lost(when: Callable[[], bool] = lambda: True) -> Iterator[LostCommit]:
+    """Within the block, the first COMMIT any engine makes (once `when()` holds) lands and is
+    then reported lost."""
     lost = LostCommit()
 
     def commit(connection: Connection) -> None:
-        if lost.happened:
+        if lost.happened or not when():
             return
         lost.happened = True
         driver = connection.connection.dbapi_connection

@@ -1,6 +1,7 @@
-"""The database thread: order, group commit, isolation, outages, close. Real SQLite throughout;
-an outage is another connection holding SQLite's write lock, which is what a second process does.
-Handshakes are threading events set from inside a call, or a log line the thread writes."""
+"""The database thread: order, group commit, isolation, outages, close. Real SQLite, but for how
+calls that need no transaction run on PostgreSQL (with KAIWA_TEST_POSTGRES_URL); an outage is
+another connection holding SQLite's write lock, which is what a second process does. Handshakes
+are threading events set from inside a call, or a log line the thread writes."""
 
 import asyncio
 import logging
@@ -14,7 +15,9 @@ from prometheus_client import REGISTRY
 from sqlalchemy import Connection, Engine, create_engine, event, text
 
 from core.errors import StoreError, StoreUnavailable
-from core.store.dbthread import DatabaseThread
+from core.store.dbthread import AUTOCOMMIT_MOST, DatabaseThread
+from tests.core.store.replays import commit_answer_lost
+from tests.databases import postgres_url
 from tests.fakes.patience import deadline
 
 WAIT = deadline()
@@ -223,3 +226,78 @@ async def test_close_gives_a_durable_call_only_its_grace_in_an_outage(
             await durable
     finally:
         lock.release()
+
+
+# -- calls that need no transaction, on PostgreSQL ------------------------------------------------
+
+
+@pytest.fixture
+async def postgres_thread() -> AsyncIterator[DatabaseThread]:
+    base = postgres_url()
+    if not base:
+        pytest.skip("set KAIWA_TEST_POSTGRES_URL to run the PostgreSQL store tests")
+    engine = create_engine(base)
+    started = DatabaseThread(engine, name="test-pg", retry_seconds=WAIT)
+    yield started
+    await started.close(grace=0.1)
+    engine.dispose()
+
+
+def transaction_id(connection: Connection) -> str:
+    """The id of the transaction the call runs in (each statement's own, without one)."""
+    return str(connection.exec_driver_sql("SELECT pg_current_xact_id()").scalar())
+
+
+async def queued_together(thread: DatabaseThread, *calls: Callable[[], object]) -> list[object]:
+    """Queue `calls` (each submitting one) while the thread is held, so they form one group."""
+    gate = Gate()
+    held = thread.submit(gate)
+    await gate.reached()
+    futures = [call() for call in calls]
+    gate.opened.set()
+    await held
+    return list(await asyncio.gather(*futures))  # type: ignore[call-overload]
+
+
+@pytest.mark.postgres
+async def test_a_few_calls_that_need_no_transaction_run_without_one_on_postgresql(
+    postgres_thread: DatabaseThread,
+) -> None:
+    """A turn's reply and its ending, queued together, each one statement: without BEGIN and
+    COMMIT, a round trip each; more than `AUTOCOMMIT_MOST` share one transaction (one commit)."""
+    few = [lambda: postgres_thread.submit(transaction_id, autocommit=True)] * AUTOCOMMIT_MOST
+    seen = await queued_together(postgres_thread, *few)
+    assert len(set(seen)) == AUTOCOMMIT_MOST, "each in a transaction of its own"
+
+    many = few + few[:1]
+    assert len(set(await queued_together(postgres_thread, *many))) == 1, "one group commit"
+
+    mixed = [few[0], lambda: postgres_thread.submit(transaction_id)]
+    assert len(set(await queued_together(postgres_thread, *mixed))) == 1, "one needs it"
+
+
+@pytest.mark.postgres
+async def test_a_lost_commit_answer_runs_again_only_the_call_it_was_for(
+    postgres_thread: DatabaseThread,
+) -> None:
+    runs = {"first": 0, "second": 0}
+    first_ran = threading.Event()  # only the first call's commit is lost, not the gate's
+
+    def counted_run(name: str) -> Callable[[Connection], str]:
+        def run(connection: Connection) -> str:
+            runs[name] += 1
+            first_ran.set()
+            return transaction_id(connection)
+
+        return run
+
+    with commit_answer_lost(when=first_ran.is_set) as lost:
+        first, second = await queued_together(
+            postgres_thread,
+            lambda: postgres_thread.submit(counted_run("first"), autocommit=True),
+            lambda: postgres_thread.submit(counted_run("second"), autocommit=True),
+        )
+
+    assert lost.happened
+    assert runs == {"first": 2, "second": 1}, "the second had not run when the first was lost"
+    assert first != second

@@ -12,7 +12,16 @@ from typing import Any, TypeVar
 
 import pytest
 
-from core.store import CompactionRecord, Inbound, RunStart, StartedTurn, Store, TurnStart
+from core.agent.messages import AssistantMessage, ToolCall
+from core.store import (
+    CompactionRecord,
+    Inbound,
+    RunStart,
+    StartedTurn,
+    Store,
+    TurnStart,
+    TurnState,
+)
 from core.store.tables import utc_now
 from tests.core.store.replays import commit_answer_lost
 from tests.databases import QUICK, open_store
@@ -88,6 +97,48 @@ async def test_a_replayed_compaction_in_a_turn_writes_one_compaction(store: Stor
     assert [row.summary for row in await store.compactions(started.conversation_id)] == [
         "They said hi."
     ]
+
+
+async def test_a_replayed_record_turn_writes_its_messages_compaction_and_state_once(
+    store: Store,
+) -> None:
+    """The reply's records and the turn's ending, one statement on PostgreSQL, run twice."""
+    started = await a_turn(store)
+    said = [(1, AssistantMessage("Looking.")), (2, AssistantMessage("Found it."))]
+    ending = TurnState("done", ended_at=utc_now(), delivery="pending")
+
+    await replayed(
+        lambda: store.record_turn(
+            started.conversation_id,
+            started.turn_id,
+            messages=said,
+            state=ending,
+            compaction=_compaction(),
+        )
+    )
+
+    rows = await store.history(started.conversation_id)
+    assert [(row.seq, row.text) for row in rows] == [(0, "hi"), (1, "Looking."), (2, "Found it.")]
+    assert len(await store.compactions(started.conversation_id)) == 1
+    assert (await store.turn(started.turn_id)).status == "done"
+    assert await store.unfinished_turns() == []
+
+
+async def test_a_replayed_close_interrupted_answers_each_call_once(store: Store) -> None:
+    started = await a_turn(store)
+    asked = AssistantMessage("Looking.", tool_calls=(ToolCall("c1", "search", {}),))
+    await store.record_turn(started.conversation_id, started.turn_id, messages=[(1, asked)])
+    (unfinished,) = await store.unfinished_turns()
+
+    await replayed(lambda: store.close_interrupted(unfinished, "the process ended"))
+
+    rows = await store.history(started.conversation_id)
+    assert [(row.role, row.tool_status) for row in rows] == [
+        ("user", None),
+        ("assistant", None),
+        ("tool", "interrupted"),
+    ]
+    assert (await store.turn(started.turn_id)).status == "interrupted"
 
 
 async def test_a_replayed_record_compaction_writes_one_compaction(store: Store) -> None:
