@@ -9,7 +9,8 @@ wrong, then how to fix it.
     KaiwaError
     ├── ConfigError            a setting is wrong; names the key and the expected type
     ├── StoreError             the database cannot be opened or migrated, or refused a write
-    │   └── StoreUnavailable   the database did not answer within [storage].write_retry_seconds
+    │   ├── StoreUnavailable   the database did not answer within [storage].write_retry_seconds
+    │   └── WriteRefused       the database answers but refuses writes (a full disk, read-only)
     ├── ChannelError           a platform refused to start a channel (a wrong token, ...)
     │   └── DownloadError      an attached file could not be fetched (too large, gone, refused)
     ├── ModelError             a model request did not produce a reply
@@ -41,6 +42,16 @@ class StoreUnavailable(StoreError):
     """The database was unreachable for longer than a call could wait (an outage)."""
 
     plainly = "Kaiwa's database is not answering"
+
+
+class WriteRefused(StoreError):
+    """The database refused a write for a cause that lasts until an operator acts (a full disk,
+    a read-only database, a used-up quota): `cause` names it (`core.store.outage.Cause`)."""
+
+    def __init__(self, message: str, *, cause: str, plainly: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.plainly = plainly
 
 
 class ChannelError(KaiwaError):

@@ -2,7 +2,8 @@
 
 Each metric is defined here once, on prometheus-client's default registry, and moved by the
 one module that knows the event (a turn's end in `core.turns.endings`, a tool's result in
-`core.agent.loop`, a slot in `core.agent.slots`, the database in `core.store.dbthread`, a firing
+`core.agent.loop`, a slot in `core.agent.slots`, the database in `core.store.dbthread` and
+`core.store.outage`, a firing
 in `core.features.schedule.firing`, a question in `core.features.approvals.questions`, a run in
 `core.features.subagents.work`, a lease in `core.cluster.leases`, a platform's refusal in
 `channels.rendering`). Moving one is a lock and an addition, so it costs a turn nothing
@@ -51,6 +52,14 @@ SCHEDULED_FIRINGS = Counter(
 STORE_OUTAGES = Counter("kaiwa_store_outages", "Times the database became unreachable.")
 STORE_OUTAGE_SECONDS = Counter(
     "kaiwa_store_outage_seconds", "Seconds the database was unreachable, summed over outages."
+)
+REFUSED_WRITES = Counter(
+    "kaiwa_store_refused_writes",
+    "Writes the database refused, by cause (disk_full, read_only, quota).",
+    ["cause"],
+)
+REFUSING_WRITES = Gauge(
+    "kaiwa_store_refusing_writes", "1 while the database refuses writes, by cause.", ["cause"]
 )
 STORE_RETRIES = Counter(
     "kaiwa_store_retries",

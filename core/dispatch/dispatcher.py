@@ -5,7 +5,10 @@
    id deduplicates, persisted, so a redelivery after a restart is still a duplicate and never a
    second reply. A channel acknowledges a message to its platform only once `handle` returns; a
    message that cannot be recorded is not acknowledged where the platform will deliver it again
-   (`ChannelMessage.redeliverable`), and otherwise the person is told to send it again. The
+   (`ChannelMessage.redeliverable`), and otherwise the person is told to send it again. While
+   the database refuses writes (`core.store.outage`: a full disk, a read-only database), a
+   place whose message is left for redelivery is told so once per outage, never at each
+   redelivery; the messages are answered, each once, when writes are taken again. The
    text is cleaned first (`core.text.clean`), so the model and the store see the same text.
 2. A refused person is told so, at most once an hour (so a stranger cannot make the bot spam a
    channel by mentioning it), and no model is called.
@@ -32,7 +35,7 @@ from typing import Protocol
 
 from core.channel import Channel, ChannelMessage
 from core.dispatch.commands import Commands
-from core.errors import StoreError
+from core.errors import StoreError, WriteRefused
 from core.store import Inbound, Store
 from core.text import Command, clean, parse_command
 from core.turns.runner import TurnRunner
@@ -134,6 +137,8 @@ class Dispatcher:
         """Features' looks at a message's attachments (`Screen`), added where Kaiwa is wired."""
         self._refused: dict[tuple[str, str], float] = {}
         """When each stranger (platform, person) was last told they are refused."""
+        self._told_outage: tuple[int, set[str]] = (0, set())
+        """The write outage (its serial) and the places told of it (`_tell_refused_once`)."""
 
     async def handle(self, message: ChannelMessage) -> None:
         """Record `message` and act on it: answer a refusal or a command, or queue a turn.
@@ -249,6 +254,10 @@ class Dispatcher:
         return None
 
     async def _not_recorded(self, message: ChannelMessage, error: StoreError) -> None:
+        if message.redeliverable and isinstance(error, WriteRefused):
+            logger.debug("%s message %s left for redelivery: %s", *_origin(message), error)
+            await self._tell_refused_once(message, error)
+            raise error
         if message.redeliverable:
             logger.warning(
                 "%s message %s not recorded, left for the platform to deliver again: %s",
@@ -260,6 +269,23 @@ class Dispatcher:
         await self._channels[message.platform].notify(
             message.place,
             f"I could not save your message: {error.plainly}. Please send it again in a minute.",
+        )
+
+    async def _tell_refused_once(self, message: ChannelMessage, error: WriteRefused) -> None:
+        """Tell the place why its message waits, unless it was told during this outage."""
+        refusal = self._store.writes.current
+        serial = refusal.serial if refusal is not None else -1  # ended since: tell, once more
+        known, told = self._told_outage
+        if serial != known:
+            told = set()
+            self._told_outage = (serial, told)
+        if message.place in told:
+            return
+        told.add(message.place)
+        await self._channels[message.platform].notify(
+            message.place,
+            f"I cannot save messages right now: {error.plainly}. Your message will be answered "
+            "when that is fixed; nothing is lost.",
         )
 
     async def _run_forwarded(self, message: ChannelMessage) -> None:

@@ -27,6 +27,7 @@ from sqlalchemy import Connection, Engine
 
 from core.store.dbthread import DatabaseThread, OutageLog, Unit
 from core.store.engine import StoreSettings, open_engine
+from core.store.outage import PROBE, WriteOutage
 
 logger = logging.getLogger(__package__)  # the package's: its lines read `core.store: ...`
 
@@ -35,7 +36,11 @@ T = TypeVar("T")
 
 class StoreBase:
     def __init__(
-        self, engine: Engine, threads: list[DatabaseThread], settings: StoreSettings
+        self,
+        engine: Engine,
+        threads: list[DatabaseThread],
+        settings: StoreSettings,
+        writes: WriteOutage,
     ) -> None:
         self._engine = engine
         self._shown = engine.url.render_as_string(hide_password=True)
@@ -45,6 +50,8 @@ class StoreBase:
         """The units of `core.store.units` that are one statement on PostgreSQL are several
         elsewhere: pass this as `_call`'s `autocommit` for them."""
         self.settings = settings
+        self.writes = writes
+        """Whether the database refuses writes now, since when and why (`core.store.outage`)."""
 
     @classmethod
     async def open(cls, url: str, settings: StoreSettings | None = None) -> Self:
@@ -52,17 +59,18 @@ class StoreBase:
         settings = settings or StoreSettings()
         engine = await open_engine(url, settings)
         count = 1 if engine.dialect.name == "sqlite" else settings.connections
-        outages = OutageLog(settings.write_retry_seconds)
+        outages, writes = OutageLog(settings.write_retry_seconds), WriteOutage()
         threads = [
             DatabaseThread(
                 engine,
                 name=f"kaiwa-db-{index}",
                 retry_seconds=settings.write_retry_seconds,
                 outages=outages,
+                writes=writes,
             )
             for index in range(count)
         ]
-        return cls(engine, threads, settings)
+        return cls(engine, threads, settings, writes)
 
     async def close(self) -> None:
         """Let every queued call run (a lost connection is retried for a short grace), then
@@ -89,8 +97,7 @@ class StoreBase:
         """A write that changes nothing, for readiness: resolves once the database takes writes
         (during an outage, only once it is back). A read would pass while another process holds
         SQLite's write lock, when no message can be recorded."""
-        touch = "UPDATE alembic_version SET version_num = version_num"
-        return self._call(lambda connection: connection.exec_driver_sql(touch).close())
+        return self._call(lambda connection: connection.exec_driver_sql(PROBE).close())
 
     def _call(
         self,

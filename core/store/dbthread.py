@@ -22,6 +22,12 @@ Policy, and why:
   trying until the thread closes. A connection found dead that re-opens at once (the server
   ended it) is one info line; an outage is a warning when it starts and one when it ends, with
   how long it lasted, however many threads saw it (`OutageLog`), never a traceback per call.
+- **Refusals are not waited out.** A database that answers but refuses writes (a full disk, a
+  read-only file or server) fails the call at once with `WriteRefused` and tells the store's
+  `WriteOutage`; while it refuses, a group that ran without a refusal is confirmed with a write
+  that changes nothing before the outage is called over. A connection refused as read-only is
+  not kept, so the next call sees a database made writable again (PostgreSQL's
+  `default_transaction_read_only` holds for a session).
 
 A commit whose answer is lost with the connection is ambiguous; the group is then run again,
 each call's unit as it was queued. Every write of the store stays true under such a replay: each
@@ -42,8 +48,9 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from core.errors import StoreError, StoreUnavailable
+from core.errors import StoreError, StoreUnavailable, WriteRefused
 from core.metrics import STORE_OUTAGE_SECONDS, STORE_OUTAGES, STORE_RETRIES
+from core.store.outage import PLAINLY, PROBE, Cause, WriteOutage, refusal_cause
 
 logger = logging.getLogger(__name__)
 
@@ -120,12 +127,16 @@ class DatabaseThread:
         name: str,
         retry_seconds: float,
         outages: OutageLog | None = None,
+        writes: WriteOutage | None = None,
     ) -> None:
         self._engine = engine
         self._autocommit = engine.dialect.name == "postgresql"
         self._name = name
         self._retry_seconds = retry_seconds
         self._outages = outages or OutageLog(retry_seconds)
+        self._writes = writes or WriteOutage()
+        self._refused = False
+        """A call of the group running now was refused (`WriteRefused`)."""
         self._loop = asyncio.get_running_loop()
         self._queue: queue.SimpleQueue[_Call | object] = queue.SimpleQueue()
         self._connection: Connection | None = None
@@ -188,7 +199,7 @@ class DatabaseThread:
         return group  # type: ignore[return-value]
 
     def _run_group(self, group: list[_Call]) -> None:
-        pending, pause = group, FIRST_PAUSE
+        pending, pause, self._refused = group, FIRST_PAUSE, False
         while pending:
             try:
                 pending = self._commit(pending)
@@ -206,6 +217,20 @@ class DatabaseThread:
                     STORE_RETRIES.inc()
             else:
                 self._outages.recovered(self._name)
+                if self._writes.current is not None and not self._refused:
+                    self._confirm_writes()
+
+    def _confirm_writes(self) -> None:
+        """While writes are refused: whether one is taken now, which ends the outage."""
+        try:
+            connection = self._connect()
+            with connection.begin():
+                connection.exec_driver_sql(PROBE).close()
+        except Exception as exc:
+            if refusal_cause(exc) is Cause.READ_ONLY or self._lost(exc):
+                self._disconnect(invalidate=True)
+            return
+        self._writes.wrote()
 
     def _commit(self, calls: list[_Call]) -> list[_Call]:
         """Run `calls` in one transaction and resolve them; on a call's own failure, run them
@@ -224,7 +249,7 @@ class DatabaseThread:
             if self._lost(exc):
                 raise self._connection_lost(exc, calls, reused) from exc
             if len(calls) == 1:
-                self._resolve([(calls[0], None, _mapped(exc))])
+                self._resolve([(calls[0], None, self._failure(exc))])
                 return []
             for index, call in enumerate(calls):
                 self._commit_alone(call, calls[index:])
@@ -257,7 +282,7 @@ class DatabaseThread:
         except Exception as exc:
             if self._lost(exc):
                 raise self._connection_lost(exc, remaining, reused) from exc
-            self._resolve([(call, None, _mapped(exc))])
+            self._resolve([(call, None, self._failure(exc))])
             return
         self._resolve([(call, result, None)])
 
@@ -294,8 +319,26 @@ class DatabaseThread:
             self._connection.close()
         self._connection = None
 
+    def _failure(self, exc: Exception) -> Exception:
+        """A call's own failure, as Kaiwa's error; a refusal is told to the `WriteOutage`."""
+        cause = refusal_cause(exc)
+        if cause is None:
+            return _mapped(exc)
+        self._refused = True
+        self._writes.refused(cause)
+        if cause is Cause.READ_ONLY:
+            self._disconnect(invalidate=True)
+        error = WriteRefused(
+            f"the database refused a write: {_describe(exc)}", cause=cause, plainly=PLAINLY[cause]
+        )
+        error.__cause__ = exc
+        return error
+
     def _lost(self, exc: Exception) -> bool:
-        """Whether `exc` is the database being away (retry) rather than the call being wrong."""
+        """Whether `exc` is the database being away (retry) rather than the call being wrong.
+        A refusal is neither: it fails the call at once (`_failure`)."""
+        if refusal_cause(exc) is not None:
+            return False
         if isinstance(exc, DBAPIError) and exc.connection_invalidated:
             return True
         if isinstance(exc, OperationalError) and isinstance(exc.orig, sqlite3.OperationalError):
