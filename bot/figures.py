@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.config import MetricsConfig
+from core.store.outage import PLAINLY
 from core.text import plural
 
 ASK_SECONDS = 2.0
@@ -94,7 +95,7 @@ def summary(scrape: Scrape) -> list[str]:
     lines.append(f"sub-agents: {running:g} running; ended: {_counted(ended)}")
     fired = scrape.by("kaiwa_scheduled_firings_total", "outcome")
     lines.append("scheduled firings: " + _counted(fired))
-    lines.append(_store(scrape))
+    lines.extend(_store(scrape))
     lines.extend(_platforms(scrape))
     if scrape.total("kaiwa_cluster_workers_alive"):  # a worker of a cluster: it counts itself
         workers = scrape.total("kaiwa_cluster_workers_alive")
@@ -133,14 +134,21 @@ def _within(buckets: list[tuple[float, float]], share: float) -> str:
     return "more than the longest bucket" if math.isinf(bound) else f"{bound:g} s"
 
 
-def _store(scrape: Scrape) -> str:
+def _store(scrape: Scrape) -> list[str]:
     outages = scrape.total("kaiwa_store_outages_total")
     seconds = scrape.total("kaiwa_store_outage_seconds_total")
     retries = scrape.total("kaiwa_store_retries_total")
-    return (
+    line = (
         f"database: {outages:g} {plural(int(outages), 'outage')} ({seconds:.1f} s in all), "
         f"{retries:g} {plural(int(retries), 'retry', 'retries')}"
     )
+    refused = scrape.by("kaiwa_store_refused_writes_total", "cause")
+    if any(refused.values()):
+        line += f"; refused writes: {_counted(refused)}"
+    refusing = scrape.by("kaiwa_store_refusing_writes", "cause")
+    plainly = {cause.value: why for cause, why in PLAINLY.items()}
+    now = [plainly.get(cause, cause) for cause, on in sorted(refusing.items()) if on]
+    return [line, *(f"the database refuses writes now: {why}" for why in now)]
 
 
 def _platforms(scrape: Scrape) -> Iterable[str]:

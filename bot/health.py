@@ -4,8 +4,9 @@ Off by default; `[metrics].enabled` serves, on `host:port`:
 - `/metrics`: the Prometheus metrics of `core.metrics`, in the text format (with the
   process's own: memory, CPU, open files);
 - `/healthz`: 200 while the process serves at all (its event loop answers);
-- `/readyz`: 200 when this worker can answer people: the store answers, every channel this
-  worker runs is connected (a channel whose lease another worker of a cluster holds is that
+- `/readyz`: 200 when this worker can answer people: the store answers and takes writes (while
+  it refuses them, since when and why: `core.store.outage`), every channel this worker runs is
+  connected (a channel whose lease another worker of a cluster holds is that
   worker's to run), and Ollama answers. Otherwise 503, with one line per problem.
 
 Each readiness check has `CHECK_SECONDS` and they run side by side, so an answer takes well
@@ -30,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from channels.http_server import Routes, mounted
 from core.agent.model import ModelClient
 from core.channel import Channel
-from core.errors import ConfigError, KaiwaError
+from core.errors import ConfigError, KaiwaError, WriteRefused
 from core.store import Store
 
 logger = logging.getLogger(__name__)
@@ -65,11 +66,19 @@ class Readiness:
             await asyncio.wait_for(answer, CHECK_SECONDS)
         except TimeoutError:
             return f"{what} did not answer within {CHECK_SECONDS:g} s"
+        except WriteRefused as exc:
+            return self._refusing(exc)
         except KaiwaError as exc:
             return f"{what}: {exc}"
         except Exception as exc:  # a check never fails the answer: it is the answer
             return f"{what}: {type(exc).__name__}: {exc}"
         return None
+
+    def _refusing(self, exc: WriteRefused) -> str:
+        """The store's ping is a write: refused, the outage it is part of (set before)."""
+        refusal = self.store.writes.current
+        since = "" if refusal is None else f" since {refusal.since:%Y-%m-%d %H:%M:%S} UTC"
+        return f"the database refuses writes{since}: {exc.plainly}"
 
     def _off(self, channel: Channel) -> str | None:
         if channel.connected.is_set():

@@ -28,6 +28,10 @@ kaiwa_scheduled_firings_total{outcome="done"} 3
 kaiwa_store_outages_total 1
 kaiwa_store_outage_seconds_total 4.25
 kaiwa_store_retries_total 6
+kaiwa_store_refused_writes_total{cause="disk_full"} 5
+kaiwa_store_refused_writes_total{cause="read_only"} 0
+kaiwa_store_refusing_writes{cause="disk_full"} 1
+kaiwa_store_refusing_writes{cause="read_only"} 0
 kaiwa_platform_api_errors_total{platform="slack"} 1
 kaiwa_platform_rate_limits_total{platform="discord"} 2
 kaiwa_cluster_workers_alive 3
@@ -45,7 +49,8 @@ def test_the_summary_reads_each_family_summed_over_its_labels() -> None:
         "approvals: 2 asked; answered: 1 (1 allowed)",
         "sub-agents: 1 running; ended: none",
         "scheduled firings: 3 (3 done)",
-        "database: 1 outage (4.2 s in all), 6 retries",
+        "database: 1 outage (4.2 s in all), 6 retries; refused writes: 5 (5 disk_full)",
+        "the database refuses writes now: the server's disk is full",
         "discord: 0 API errors, 2 rate limits",
         "slack: 1 API error, 0 rate limits",
         "cluster: 3 workers alive; this one holds 2 leases",

@@ -21,6 +21,8 @@ from prometheus_client import REGISTRY
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
+from bot.health import Readiness
+from core.agent.model import ModelClient, ModelSettings
 from core.channel import ChannelMessage
 from core.cluster.leases import conninfo
 from core.errors import WriteRefused
@@ -28,7 +30,7 @@ from core.store import Inbound, Store
 from core.store.dbthread import DatabaseThread
 from core.store.outage import Cause, WriteOutage
 from tests.databases import QUICK, open_store, postgres_url
-from tests.fakes.ollama import Text
+from tests.fakes.ollama import FakeOllama, Text
 from tests.harness import PLACE, BotFactory
 
 OTHER_PLACE = "test:two"
@@ -238,3 +240,23 @@ async def test_a_full_disk_is_told_once_per_place_and_every_message_answered_onc
     assert sorted(reply.text for reply in replies) == ["One.", "Three.", "Two."]
     assert len(bot.ollama.requests) == 3
     assert bot.channel.notices_in(PLACE) == [notice], "no second notice"
+
+
+async def test_readyz_says_the_database_refuses_writes_and_why_until_it_takes_them(
+    small_disk: SmallDisk, closing: list[Store]
+) -> None:
+    store = await open_store(f"sqlite:///{small_disk.root}/kaiwa.db", QUICK, closing)
+    async with FakeOllama() as ollama:
+        model = ModelClient(ModelSettings(url=ollama.url))
+        readiness = Readiness(store, model, [])
+        try:
+            small_disk.fill()
+            await first_refused(store)
+            (problem,) = await readiness.problems()
+            assert problem.startswith("the database refuses writes since ")
+            assert problem.endswith(" UTC: the server's disk is full")
+
+            small_disk.empty()
+            assert await readiness.problems() == [], "its probe is a write: taken, it ends it"
+        finally:
+            await model.close()
