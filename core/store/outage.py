@@ -50,8 +50,10 @@ PLAINLY = {
 """Each cause as a person in a chat is told it."""
 
 ERRNOS = {errno.ENOSPC: Cause.DISK_FULL, errno.EROFS: Cause.READ_ONLY, errno.EDQUOT: Cause.QUOTA}
-SQLITE_CODES = {13: Cause.DISK_FULL, 8: Cause.READ_ONLY}
-"""SQLITE_FULL and SQLITE_READONLY (primary codes: an extended code's low byte)."""
+SQLITE_CODES = {13: Cause.DISK_FULL, 8: Cause.READ_ONLY, 1544: Cause.READ_ONLY}
+"""SQLITE_FULL, SQLITE_READONLY and SQLITE_READONLY_DIRECTORY, as extended codes. The other
+SQLITE_READONLY_* (a file moved, a lock or a recovery) pass with a new connection: the database
+thread waits those out as it does a lock."""
 SQLSTATES = {"53100": Cause.DISK_FULL, "25006": Cause.READ_ONLY}
 """PostgreSQL's disk_full and read_only_sql_transaction."""
 
@@ -71,7 +73,7 @@ def _own_cause(exc: BaseException) -> Cause | None:
         return ERRNOS[exc.errno]
     if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", -1)
-        return SQLITE_CODES.get(code & 0xFF)
+        return SQLITE_CODES.get(code)
     sqlstate = getattr(exc, "sqlstate", None)
     if sqlstate in SQLSTATES:
         quota = "quota" in str(exc).lower()  # the server's own ENOSPC and EDQUOT share 53100

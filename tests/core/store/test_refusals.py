@@ -28,7 +28,7 @@ from core.cluster.leases import conninfo
 from core.errors import WriteRefused
 from core.store import Inbound, Store
 from core.store.dbthread import DatabaseThread
-from core.store.outage import Cause, WriteOutage
+from core.store.outage import Cause, WriteOutage, refusal_cause
 from tests.databases import QUICK, open_store, postgres_url
 from tests.fakes.ollama import FakeOllama, Text
 from tests.harness import PLACE, BotFactory
@@ -260,3 +260,25 @@ async def test_readyz_says_the_database_refuses_writes_and_why_until_it_takes_th
             assert await readiness.problems() == [], "its probe is a write: taken, it ends it"
         finally:
             await model.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "cause"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), Cause.DISK_FULL),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), Cause.QUOTA),
+        (OSError(errno.EROFS, "Read-only file system"), Cause.READ_ONLY),
+        (psycopg.errors.DiskFull("could not extend: No space left on device"), Cause.DISK_FULL),
+        (psycopg.errors.DiskFull("could not extend: Disk quota exceeded"), Cause.QUOTA),
+        (psycopg.errors.ReadOnlySqlTransaction("cannot execute INSERT"), Cause.READ_ONLY),
+        (psycopg.errors.UniqueViolation("duplicate key"), None),
+        (OSError(errno.ECONNREFUSED, "Connection refused"), None),
+    ],
+)
+def test_each_refusal_is_known_by_what_the_database_or_the_system_says(
+    error: Exception, cause: Cause | None
+) -> None:
+    wrapped = RuntimeError("the driver's wrapper")
+    wrapped.__cause__ = error
+    assert refusal_cause(error) is cause
+    assert refusal_cause(wrapped) is cause
