@@ -13,6 +13,7 @@ from tests.databases import (  # noqa: F401  (fixtures everywhere)
     database_url,
     fresh_sqlite,
     outage,
+    small_disk,
     use_a_database_per_worker,
 )
 from tests.fakes.ollama import FakeOllama

@@ -3,16 +3,19 @@
 An outage is real. On SQLite, another connection holds the write lock (what a second process or
 a backup does); on PostgreSQL, a TCP proxy between Kaiwa and the server drops every connection
 and refuses new ones. `Outage.store_noticed` waits for the store's own "unreachable" log line,
-and `store_recovered` for its "back" line, so tests order events by handshakes.
+and `store_recovered` for its "back" line, so tests order events by handshakes. A full disk is
+real too: a tmpfs of 1 MiB filled to its last byte (`small_disk`; mounting needs root).
 """
 
 import asyncio
 import atexit
+import errno
 import functools
 import logging
 import os
 import shutil
 import sqlite3
+import subprocess
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -223,3 +226,39 @@ async def open_store(url: str, settings: StoreSettings, stores: list[Store]) -> 
     store = await Store.open(url, settings)
     stores.append(store)
     return store
+
+
+class SmallDisk:
+    """A tmpfs of 1 MiB that can be filled to its last byte and emptied again."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._filler = root / "filler"
+
+    def fill(self) -> None:
+        with self._filler.open("ab", buffering=0) as filler:
+            for _ in range(1024):  # 4 MiB at most: well past the disk's size
+                try:
+                    filler.write(b"\0" * 4096)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+                    return
+        raise AssertionError("the small disk never filled")
+
+    def empty(self) -> None:
+        self._filler.unlink()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    root = tmp_path / "disk"
+    root.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield SmallDisk(root)
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=True)

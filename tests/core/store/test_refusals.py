@@ -10,9 +10,8 @@ import asyncio
 import errno
 import logging
 import sqlite3
-import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psycopg
@@ -29,47 +28,11 @@ from core.errors import WriteRefused
 from core.store import Inbound, Store
 from core.store.dbthread import DatabaseThread
 from core.store.outage import Cause, WriteOutage, refusal_cause
-from tests.databases import QUICK, open_store, postgres_url
+from tests.databases import QUICK, SmallDisk, open_store, postgres_url
 from tests.fakes.ollama import FakeOllama, Text
 from tests.harness import PLACE, BotFactory
 
 OTHER_PLACE = "test:two"
-
-
-class SmallDisk:
-    """A tmpfs of 1 MiB that can be filled to its last byte and emptied again."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._filler = root / "filler"
-
-    def fill(self) -> None:
-        with self._filler.open("ab", buffering=0) as filler:
-            for _ in range(1024):  # 4 MiB at most: well past the disk's size
-                try:
-                    filler.write(b"\0" * 4096)
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC
-                    return
-        raise AssertionError("the small disk never filled")
-
-    def empty(self) -> None:
-        self._filler.unlink()
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
-    root = tmp_path / "disk"
-    root.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        yield SmallDisk(root)
-    finally:
-        subprocess.run(["umount", "-l", str(root)], check=True)
 
 
 def inbound(message_id: str) -> Inbound:
