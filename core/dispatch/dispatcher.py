@@ -281,12 +281,16 @@ class Dispatcher:
             self._told_outage = (serial, told)
         if message.place in told:
             return
-        told.add(message.place)
-        await self._channels[message.platform].notify(
-            message.place,
+        notice = (
             f"I cannot save messages right now: {error.plainly}. Your message will be answered "
-            "when that is fixed; nothing is lost.",
+            "when that is fixed; nothing is lost."
         )
+        try:
+            await self._channels[message.platform].notify(message.place, notice)
+        except Exception as exc:  # the message stays the platform's: tell it at a redelivery
+            logger.warning("could not tell %s why its message waits: %s", message.place, exc)
+            return
+        told.add(message.place)
 
     async def _run_forwarded(self, message: ChannelMessage) -> None:
         """A command another worker received for a conversation this one owns."""

@@ -11,7 +11,7 @@ import errno
 import logging
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import psycopg
@@ -22,13 +22,14 @@ from sqlalchemy.engine import make_url
 
 from bot.health import Readiness
 from core.agent.model import ModelClient, ModelSettings
-from core.channel import ChannelMessage
+from core.channel import Button, ChannelMessage
 from core.cluster.leases import conninfo
-from core.errors import WriteRefused
+from core.errors import ChannelError, WriteRefused
 from core.store import Inbound, Store
 from core.store.dbthread import DatabaseThread
 from core.store.outage import Cause, WriteOutage, refusal_cause
 from tests.databases import QUICK, SmallDisk, open_store, postgres_url
+from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import FakeOllama, Text
 from tests.harness import PLACE, BotFactory
 
@@ -245,3 +246,38 @@ def test_each_refusal_is_known_by_what_the_database_or_the_system_says(
     wrapped.__cause__ = error
     assert refusal_cause(error) is cause
     assert refusal_cause(wrapped) is cause
+
+
+class NoticeFailsOnce(RecordingChannel):
+    """A channel whose platform refuses the first notice (down, or rate limited)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused_notices = 0
+
+    async def notify(
+        self, place: str, text: str, buttons: Sequence[Button] = ()
+    ) -> tuple[str, ...]:
+        if not self.refused_notices:
+            self.refused_notices += 1
+            raise ChannelError("the platform refused the notice")
+        return await super().notify(place, text, buttons)
+
+
+async def test_a_notice_the_platform_refuses_leaves_the_message_its_own_and_is_told_later(
+    small_disk: SmallDisk, make_bot: BotFactory, closing: list[Store]
+) -> None:
+    """A failed notice must not turn a message left for redelivery into one the channel lets go
+    (an error other than `StoreError` is an unreadable update, confirmed and dropped)."""
+    store = await open_store(f"sqlite:///{small_disk.root}/kaiwa.db", QUICK, closing)
+    channel = NoticeFailsOnce()
+    bot = make_bot(bot_store=store, channel=channel)
+    small_disk.fill()
+    await first_refused(store)
+    message = ChannelMessage("test", PLACE, "a1", "ann", "first?", redeliverable=True)
+
+    for _ in range(3):
+        with pytest.raises(WriteRefused):
+            await bot.dispatcher.handle(message)
+    assert channel.refused_notices == 1
+    assert len(channel.notices_in(PLACE)) == 1, "told at the next redelivery, and only then"
