@@ -19,14 +19,16 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from core.cluster.leases import conninfo
 from core.store import Store, StoreSettings
 from core.store.schema import ensure_schema
 from tests.fakes.patience import deadline
@@ -64,6 +66,25 @@ def use_a_database_per_worker() -> None:
     finally:
         engine.dispose()
     os.environ[POSTGRES_VARIABLE] = url.set(database=name).render_as_string(hide_password=False)
+
+
+@asynccontextmanager
+async def postgres_database(prefix: str, why: str) -> AsyncIterator[str]:
+    """A database of its own on the test server, dropped after (a schema is not enough where a
+    setting or a lock holds database-wide: `default_transaction_read_only`, advisory locks);
+    skipped, saying `why`, without a server."""
+    base = postgres_url()
+    if not base:
+        pytest.skip(f"set {POSTGRES_VARIABLE} to run {why}")
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    admin = conninfo(base)
+    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as connection:
+        await connection.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(base).set(database=name).render_as_string(hide_password=False)
+    finally:
+        async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as connection:
+            await connection.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 @contextmanager

@@ -18,13 +18,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy.engine import make_url
 
 from core.cluster.leases import ClusterSettings, cluster_view, conninfo
 from core.features.schedule.timing import ScheduleSettings, When
 from core.store import Store
 from core.store.tables import utc_now
-from tests.databases import postgres_url
+from tests.databases import postgres_database
 from tests.fakes.ollama import ChunkDelay, FakeOllama, Pause, Text
 from tests.fakes.patience import scaled
 from tests.fakes.slack import BOT_TOKEN as SLACK_TOKEN
@@ -63,16 +62,8 @@ class Cluster:
 
 @pytest.fixture
 async def database() -> AsyncIterator[str]:
-    base = postgres_url()
-    if not base:
-        pytest.skip("set KAIWA_TEST_POSTGRES_URL to run the cluster tests")
-    name = f"kaiwa_workers_{uuid.uuid4().hex[:8]}"
-    admin = conninfo(base)
-    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as connection:
-        await connection.execute(f'CREATE DATABASE "{name}"')
-    yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as connection:
-        await connection.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    async with postgres_database("kaiwa_workers", "the cluster tests") as url:
+        yield url
 
 
 def worker_config(

@@ -10,7 +10,6 @@ import asyncio
 import errno
 import logging
 import sqlite3
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from core.errors import ChannelError, WriteRefused
 from core.store import Inbound, Store
 from core.store.dbthread import DatabaseThread
 from core.store.outage import Cause, WriteOutage, refusal_cause
-from tests.databases import QUICK, SmallDisk, open_store, postgres_url
+from tests.databases import QUICK, SmallDisk, open_store, postgres_database, postgres_url
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.ollama import FakeOllama, Text
 from tests.harness import PLACE, BotFactory
@@ -126,16 +125,8 @@ async def test_a_read_only_sqlite_file_refuses_and_a_writable_one_is_seen_again(
 
 @pytest.fixture
 async def own_database() -> AsyncIterator[str]:
-    base = postgres_url()
-    if not base:
-        pytest.skip("set KAIWA_TEST_POSTGRES_URL to run the PostgreSQL store tests")
-    name = f"kaiwa_refusing_{uuid.uuid4().hex[:8]}"
-    admin = conninfo(base)
-    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as connection:
-        await connection.execute(f'CREATE DATABASE "{name}"')
-    yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as connection:
-        await connection.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    async with postgres_database("kaiwa_refusing", "the PostgreSQL store tests") as url:
+        yield url
 
 
 async def read_only(url: str, on: bool) -> None:
